@@ -1,0 +1,55 @@
+"""splitkv.decode: validate -> plan -> workspace -> backend.run (split + combine)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import backends, debug, validate
+from .plan import DecodePlan, build_plan, maybe_print
+
+
+def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
+           num_splits=None, return_lse=False, out=None, plan: DecodePlan | None = None, backend="auto"):
+    """Split-KV decode attention.
+
+    q [B, Sq, Hq, D] fp16/bf16 (fp32 on the torch backend); k_cache/v_cache [B, Lmax, Hkv, D]
+    (contiguous) or [num_pages, page_size, Hkv, D] with block_table int32 [B, max_pages] (paged);
+    cache_seqlens int32 [B] = valid keys per request, the Sq new ones included. Causal (Sq > 1)
+    is bottom-right aligned. Returns o [B, Sq, Hq, D] in q's dtype, and lse [B, Hq, Sq] fp32
+    (natural log) when return_lse. A query that sees no key gets o = 0, lse = -inf.
+
+    plan: from splitkv.plan(...), reused across layers; a graph-safe plan (max_seqlen=...) makes
+    this call capturable in a CUDA graph. Without a plan, decode plans from the actual lengths,
+    which reads cache_seqlens on the host.
+    """
+    prob = validate.check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
+                                        softmax_scale, backend)
+    validate.check_out(out, None, prob, q)
+    name = backends.resolve(backend, q.device)
+    if name != "torch" and q.dtype not in validate.LOW_DTYPES:
+        raise TypeError(f"q: backend {name!r} takes float16 or bfloat16, got {q.dtype}")
+    if plan is None:
+        lengths = [int(x) for x in cache_seqlens.tolist()]
+        validate.check_seqlens_host(lengths, prob, block_table, k_cache.shape[0])
+        plan = build_plan(lengths, batch=prob.batch, num_q_heads=prob.num_q_heads,
+                          num_kv_heads=prob.num_kv_heads, head_dim=prob.head_dim, q_len=prob.q_len,
+                          device=q.device, num_splits=num_splits)
+        maybe_print(plan)
+    else:
+        if not isinstance(plan, DecodePlan):
+            raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")
+        if num_splits is not None and num_splits != plan.forced:
+            raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
+        plan.check_matches(prob)
+        plan.refresh(cache_seqlens)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)
+    o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(prob.batch, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=q.device)
+    o_part, lse_part = plan.partials()
+    backends.get(name).run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
+                           o, lse, scale, causal)
+    if debug.active():
+        debug.record(plan, cache_seqlens, o_part, lse_part, lse)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,53 @@
+"""Backend registry. A backend module exposes
+    run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+    combine(o_part, lse_part, num_splits, out, lse)
+and decides nothing about splitting: the plan says what to run."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import torch
+
+_MODULES = {
+    "torch": "splitkv.backends.torch_backend",
+    "triton": "splitkv.backends.triton",
+    "cutlass": "splitkv.backends.cutlass",
+}
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def cutlass_available() -> bool:
+    return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec(
+        "splitkv.backends.cutlass") is not None
+
+
+def resolve(backend: str, device: torch.device) -> str:
+    """'auto' -> the best backend for the device; SPLITKV_BACKEND overrides 'auto'."""
+    if backend == "auto":
+        backend = os.environ.get("SPLITKV_BACKEND", "auto") or "auto"
+    if backend == "auto":
+        if device.type == "cuda" and triton_available():
+            return "triton"
+        return "torch"
+    if backend == "triton":
+        if not triton_available():
+            raise RuntimeError("backend: 'triton' requested but triton is not installed (pip install triton)")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+            raise ValueError(f"backend: 'triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 "
+                             "before importing triton to run it on the CPU")
+    if backend == "cutlass" and not cutlass_available():
+        raise RuntimeError("backend: 'cutlass' is not available here; it needs an sm90 GPU and "
+                           "`pip install splitkv[cutlass]` (nvidia-cutlass-dsl==4.3.5)")
+    if backend == "torch" or backend in _MODULES:
+        return backend
+    raise ValueError(f"backend: expected one of 'auto', {tuple(_MODULES)}, got {backend!r}")
+
+
+def get(backend: str):
+    return importlib.import_module(_MODULES[backend])

@@ -1,0 +1,97 @@
+"""The split/combine algorithm in vectorised PyTorch: the CPU backend and the readable spec.
+
+Every split of every request runs at once: keys are gathered into a padded [B, S, C] grid
+(S = plan.max_splits, C = longest split), masked, and reduced with an exact softmax per split in
+fp32. Partials go to the plan's workspace in the shared layout (o_part [S, B, Hq, Sq, D],
+lse_part [S, B, Hq, Sq]) and `combine` merges them exactly as the GPU combine kernel does.
+Deterministic: the same inputs give bitwise the same outputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+NEG_INF = -math.inf
+
+
+def split_bounds(plan, cache_seqlens: torch.Tensor):
+    """[B, S] start/end key of every split; the last split of a request runs on to its length."""
+    S = plan.max_splits
+    L = cache_seqlens.long()[:, None]
+    n = plan.num_splits.long()[:, None]
+    c = plan.chunk_lens.long()[:, None]
+    s = torch.arange(S, device=L.device)[None, :]
+    start = s * c
+    end = torch.where(s == n - 1, L, torch.minimum(start + c, L))
+    end = torch.where(s < n, torch.maximum(end, start), start)  # splits past num_splits are empty
+    return start, end
+
+
+def _gather(cache, pos, block_table, valid):
+    """cache rows at key positions pos [B, S, C] -> [B, S, C, Hkv, D], dense or through the block
+    table. Block-table entries past a request's last page may be garbage: never index with them."""
+    B = pos.shape[0]
+    if block_table is None:
+        return cache[torch.arange(B, device=pos.device)[:, None, None], pos]
+    ps = cache.shape[1]
+    pages = torch.gather(block_table.long(), 1, (pos // ps).reshape(B, -1)).view_as(pos)
+    return cache[torch.where(valid, pages, 0), pos % ps]
+
+
+def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal):
+    """Partials for every split: (o [S, B, Hq, Sq, D] fp32 normalised, lse [S, B, Hq, Sq] fp32)."""
+    B, Sq, Hq, D = q.shape
+    Hkv, G = plan.num_kv_heads, plan.qhead_per_kvhead
+    start, end = split_bounds(plan, cache_seqlens)
+    C = max(int((end - start).max()) if end.numel() else 0, 1)
+    pos = start[..., None] + torch.arange(C, device=q.device)  # [B, S, C]
+    valid = pos < end[..., None]
+    limit = k_cache.shape[1] - 1 if block_table is None else block_table.shape[1] * k_cache.shape[1] - 1
+    pos_safe = torch.where(valid, pos, 0).clamp_(max=max(limit, 0))
+    k = _gather(k_cache, pos_safe, block_table, valid).float()
+    v = _gather(v_cache, pos_safe, block_table, valid)
+    v = torch.where(valid[..., None, None], v.float(), 0.0)  # NaN in unused slots must not leak
+    qf = q.float().reshape(B, Sq, Hkv, G, D)
+    s = torch.einsum("bthgd,bschd->bshgtc", qf, k) * scale  # [B, S, Hkv, G, Sq, C]
+    mask = valid[:, :, None, None, None, :]
+    if causal:
+        qpos = cache_seqlens.long()[:, None] - Sq + torch.arange(Sq, device=q.device)  # [B, Sq]
+        mask = mask & (pos[:, :, None, None, None, :] <= qpos[:, None, None, None, :, None])
+    s = s.masked_fill(~mask, NEG_INF)
+    lse = torch.logsumexp(s, dim=-1)  # [B, S, Hkv, G, Sq]; -inf where the split saw no key
+    p = torch.exp(s - lse[..., None]).nan_to_num_(0.0)
+    o = torch.einsum("bshgtc,bschd->bshgtd", p, v)
+    S = plan.max_splits
+    o = o.permute(1, 0, 2, 3, 4, 5).reshape(S, B, Hq, Sq, D)
+    lse = lse.permute(1, 0, 2, 3, 4).reshape(S, B, Hq, Sq)
+    return o, lse
+
+
+def combine(o_part, lse_part, num_splits, out, lse_out):
+    """Exact merge of split partials: out [B, Sq, Hq, D], lse_out [B, Hq, Sq].
+
+    o_part [S, B, Hq, Sq, D], lse_part [S, B, Hq, Sq]; only the first num_splits[b] splits of a
+    request are read; -inf partials weigh 0; a row whose every split is empty gives 0 / -inf.
+    """
+    S = o_part.shape[0]
+    live = torch.arange(S, device=o_part.device)[:, None] < num_splits.long()[None, :]  # [S, B]
+    lse = lse_part.float().masked_fill(~live[:, :, None, None], NEG_INF)
+    m = lse.amax(dim=0)
+    m_safe = torch.where(torch.isinf(m), 0.0, m)
+    w = torch.exp(lse - m_safe)  # [S, B, Hq, Sq]
+    den = w.sum(dim=0)
+    num = torch.where(w[..., None] > 0, w[..., None] * o_part.float(), 0.0).sum(dim=0)
+    o = torch.where(den[..., None] > 0, num / den.clamp_min(1e-30)[..., None], 0.0)  # [B, Hq, Sq, D]
+    out.copy_(o.permute(0, 2, 1, 3))
+    lse_out.copy_(torch.where(den > 0, m_safe + torch.log(den), NEG_INF))
+
+
+def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+    o_s, lse_s = run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal)
+    if o_part is not None:  # keep partials in the shared workspace layout (debug hook reads them)
+        o_part.copy_(o_s)
+        lse_part.copy_(lse_s)
+        o_s, lse_s = o_part, lse_part
+    combine(o_s, lse_s, plan.num_splits, out, lse)

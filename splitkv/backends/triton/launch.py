@@ -1,0 +1,66 @@
+"""Launch glue for the Triton kernels: strides, grids, the interpreter switch. No decisions:
+tile sizes come from plan.tile (heuristics.py), split tables from the plan."""
+
+from __future__ import annotations
+
+import os
+
+from .combine_kernel import combine_kernel
+from .split_kernel import LOG2E, split_kernel
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _combine_block_s(max_splits: int) -> int:
+    return min(16, 1 << max(0, (max_splits - 1).bit_length()))
+
+
+def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
+    """out [B, T, H, D], lse [B, H, T] <- merge of o_part [S, B, H, T, D], lse_part [S, B, H, T]."""
+    S, B, H, T, D = o_part.shape
+    if B * H * T == 0:
+        return
+    combine_kernel[(B * H * T,)](
+        o_part, lse_part, num_splits, out, lse, S,
+        *o_part.stride()[:4], *lse_part.stride(),
+        out.stride(0), out.stride(1), out.stride(2),
+        *lse.stride(),
+        NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_combine_block_s(S), SKIP_SINGLE=skip_single,
+        num_warps=4 if D >= 128 else 2,
+    )
+
+
+def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+    B, Sq, Hq, D = q.shape
+    tile = plan.tile
+    if B == 0:
+        return
+    paged = block_table is not None
+    bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
+    parts = o_part is not None
+    op = o_part if parts else out  # never written when no request splits (num_splits == 1)
+    lp = lse_part if parts else lse
+    p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
+    l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
+    grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
+    split_kernel[grid](
+        q, k_cache, v_cache, cache_seqlens, plan.num_splits, plan.chunk_lens, bt, op, lp, out, lse,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        bt.stride(0) if paged else 0,
+        *p_strides, *l_strides,
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        NUM_KV_HEADS=plan.num_kv_heads, M_TILES=plan.m_tiles, G=plan.qhead_per_kvhead, SQ=Sq,
+        HEAD_DIM=D, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged, CAUSAL=bool(causal and Sq > 1),
+        UPCAST=_interpreting(),
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+    if parts:
+        combine(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
+

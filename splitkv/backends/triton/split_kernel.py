@@ -1,0 +1,128 @@
+"""Triton split kernel: one program = (split s, request b, KV head, query tile).
+
+Algorithm: online softmax (base 2) over the keys of split s of request b,
+    keys [s * chunk_lens[b], min((s+1) * chunk_lens[b], L_b))  (the last split runs on to L_b),
+with all qhead_per_kvhead query heads of the KV head x Sq tokens packed as the M rows of one
+tile (row r -> token r // G, head kvh * G + r % G), so each K/V byte is read once per KV head.
+
+Layouts: q [B, Sq, Hq, D]; K/V contiguous [B, Lmax, Hkv, D] or paged [P, page_size, Hkv, D] with
+block_table [B, max_pages] (pages gathered here, per key row; entries past the last used page are
+never read); any strides with unit stride on D.
+Outputs: a request with num_splits == 1 writes o (q dtype) and lse directly — no combine needed;
+otherwise o_part [S, B, Hq, Sq, D] fp32 (normalised) and lse_part [S, B, Hq, Sq] fp32 (natural
+log, -inf for a split that saw no key; then o_part = 0).
+Deterministic: a fixed reduction order per program, no atomics.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scale_log2,
+                 s_kb, s_kn, s_vb, s_vn, s_btb,
+                 BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
+    """One key tile [n0, n0 + BLOCK_N) of the online softmax; returns the updated (m, l, acc)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < end
+    if PAGED:
+        page = tl.load(BT + b.to(tl.int64) * s_btb + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        k_row = page * s_kb + (offs_n % PAGE_SIZE) * s_kn
+        v_row = page * s_vb + (offs_n % PAGE_SIZE) * s_vn
+    else:
+        k_row = b.to(tl.int64) * s_kb + offs_n.to(tl.int64) * s_kn  # B * Lmax * Hkv * D may pass 2^31
+        v_row = b.to(tl.int64) * s_vb + offs_n.to(tl.int64) * s_vn
+    k = tl.load(k_head + k_row[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+    v = tl.load(v_head + v_row[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)) * scale_log2
+    ok = n_ok[None, :]
+    if CAUSAL:
+        ok = ok & (offs_n[None, :] <= qpos[:, None])
+    s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2(-inf) = 0
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def split_kernel(
+    Q, K, V, SEQLENS, NSPLITS, CHUNKS, BT, O_PART, LSE_PART, O, LSE,
+    scale_log2,
+    s_qb, s_qt, s_qh,
+    s_kb, s_kn, s_kh,
+    s_vb, s_vn, s_vh,
+    s_btb,
+    s_ps, s_pb, s_ph, s_pt,
+    s_ls, s_lb, s_lh,
+    s_ob, s_ot, s_oh,
+    s_lob, s_loh,
+    NUM_KV_HEADS: tl.constexpr, M_TILES: tl.constexpr, G: tl.constexpr, SQ: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+):
+    split = tl.program_id(0)
+    pid = tl.program_id(1)
+    mt = pid % M_TILES
+    kvh = (pid // M_TILES) % NUM_KV_HEADS
+    b = pid // (M_TILES * NUM_KV_HEADS)
+    n_splits = tl.load(NSPLITS + b)
+    if split >= n_splits:
+        return
+    seqlen = tl.load(SEQLENS + b)
+    chunk = tl.load(CHUNKS + b)
+    start = split * chunk
+    end = tl.minimum(start + chunk, seqlen)
+    if split == n_splits - 1:
+        end = seqlen
+
+    rows = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < SQ * G
+    tok = rows // G
+    head = kvh * G + rows % G
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * s_qb + tok[:, None] * s_qt + head[:, None] * s_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if UPCAST:  # the interpreter's bf16 dot is wrong (triton#11584): do it in fp32 there
+        q = q.to(tl.float32)
+    qpos = seqlen - SQ + tok  # bottom-right causal: absolute position of each row's token
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    k_head = K + kvh * s_kh
+    v_head = V + kvh * s_vh
+    if UPCAST:  # interpreter: program ids are 1-element arrays, which `range` rejects
+        n0 = start
+        while n0 < end:
+            m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scale_log2,
+                                         s_kb, s_kn, s_vb, s_vn, s_btb,
+                                         BLOCK_N, PAGE_SIZE, PAGED, CAUSAL, UPCAST)
+            n0 += BLOCK_N
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scale_log2,
+                                         s_kb, s_kn, s_vb, s_vn, s_btb,
+                                         BLOCK_N, PAGE_SIZE, PAGED, CAUSAL, UPCAST)
+
+    has_key = l_i > 0.0
+    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
+    if n_splits == 1:
+        tl.store(O + b * s_ob + tok[:, None] * s_ot + head[:, None] * s_oh + d[None, :],
+                 o.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + b * s_lob + head * s_loh + tok, lse, mask=row_ok)
+    else:
+        tl.store(O_PART + split * s_ps + b * s_pb + head[:, None] * s_ph + tok[:, None] * s_pt + d[None, :],
+                 o, mask=row_ok[:, None])
+        tl.store(LSE_PART + split * s_ls + b * s_lb + head * s_lh + tok, lse, mask=row_ok)

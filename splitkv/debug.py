@@ -1,0 +1,52 @@
+"""Debug hook: see the split partials of real decode calls (no second code path).
+
+    with splitkv.debug.capture_partials() as records:
+        splitkv.decode(q, k, v, seqlens)
+    rec = records[0]   # DecodeRecord: plan, lse_part [S, B, Hq, Sq], o_part [S, B, Hq, Sq, D] (cpu)
+
+Only the first plan.num_splits[b] splits of request b are meaningful. Capturing copies the
+partials to the host after each call, so it synchronises: use it for diagnostics, not in serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+_ACTIVE: list[list] = []
+
+
+@dataclass
+class DecodeRecord:
+    plan: object
+    cache_seqlens: torch.Tensor
+    num_splits: torch.Tensor  # [B]
+    lse_part: torch.Tensor  # [S, B, Hq, Sq] fp32; S = 1 and equal to the final lse when nothing split
+    o_part: torch.Tensor | None  # [S, B, Hq, Sq, D] fp32, None when nothing split
+
+
+@contextlib.contextmanager
+def capture_partials():
+    records: list[DecodeRecord] = []
+    _ACTIVE.append(records)
+    try:
+        yield records
+    finally:
+        _ACTIVE.remove(records)
+
+
+def active() -> bool:
+    return bool(_ACTIVE)
+
+
+def record(plan, cache_seqlens, o_part, lse_part, lse) -> None:
+    if o_part is None:
+        lse_p, o_p = lse.detach().float().cpu()[None].clone(), None
+    else:
+        lse_p, o_p = lse_part.detach().cpu().clone(), o_part.detach().cpu().clone()
+    rec = DecodeRecord(plan, cache_seqlens.detach().cpu().clone(), plan.num_splits.detach().cpu().clone(),
+                       lse_p, o_p)
+    for records in _ACTIVE:
+        records.append(rec)

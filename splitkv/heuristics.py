@@ -1,0 +1,125 @@
+"""Every tuning decision of splitkv, as pure functions of (problem, device facts).
+
+No CUDA calls here: the SM count is an argument, so the planner is unit-tested on a CPU with fake
+SM counts, and every backend (torch, triton, cutlass) takes its split table from the same rules.
+
+Split rule — FlashInfer-style chunk length, chosen over FA3-style per-batch num_splits because:
+  * one chunk length for the whole batch gives each request ceil(L_b / chunk) splits, so long
+    requests get more splits than short ones and every block streams at most `chunk` keys: a
+    ragged batch is balanced by construction (no block waits on a 128K request's single split);
+  * the per-request rule is one integer division, written once (`splits_for_lengths`) and run on
+    host ints or on device tensors — the same rule drives eager plans and CUDA-graph plans whose
+    lengths change on the GPU between replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Aim for this many resident blocks per SM when splitting. One wave of single blocks leaves no
+# block to hide a neighbour's tail or its prologue; two per SM fit (a 64x128 fp32 accumulator plus
+# a 3-stage K/V pipeline is ~100 KB of shared memory at D=128), so the target is 2 waves.
+BLOCKS_PER_SM = 2
+
+# A split must stream at least this many keys. Each split pays a fixed cost: the Q tile load,
+# the pipeline fill and a partial write + combine read of rows*D*4 bytes. At 256 keys a split
+# reads 64 KB of K+V per KV head (D=64, bf16) against <= 16 KB of partials: overhead stays small.
+MIN_CHUNK_KEYS = 256
+
+# Upper bound on splits per request: the combine reads num_splits partial rows, and past ~128
+# splits (1K keys each at 128K) the combine's reads, not the split kernel, dominate.
+MAX_SPLITS = 128
+
+# Query tile rows: tl.dot / mma needs M >= 16; past 64 rows (e.g. GQA 16 x Sq 16 = 256) the fp32
+# accumulator (64 x D) is what fits in registers at D=256, so larger groups use several m-tiles.
+MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
+
+# Notional SM count when planning for a CPU tensor (torch backend): it runs all splits as one
+# vectorised batch, so splitting buys no parallelism; 16 keeps the padded work small while still
+# exercising the split/combine path that the GPU uses.
+CPU_NUM_SMS = 16
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration of the split kernel."""
+
+    block_m: int  # packed query rows (qhead_per_kvhead x Sq) per tile
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def tile_config(head_dim: int, rows: int) -> TileConfig:
+    """Tile shape for `rows` packed query rows (qhead_per_kvhead * q_len) at `head_dim`.
+
+    block_n 64 with 4 warps and 3 stages keeps 2 x 3 x 64 x D x 2 B of K/V in flight (96 KB at
+    D=128) — enough to cover HBM latency with two blocks per SM. At D=256 the tiles halve in keys
+    and warps double so the fp32 accumulator (block_m x 256) stays in registers.
+    """
+    block_m = min(max(_next_pow2(rows), MIN_BLOCK_M), MAX_BLOCK_M)
+    if head_dim >= 256:
+        return TileConfig(block_m, 32, 8, 2)
+    return TileConfig(block_m, 64, 4, 3)
+
+
+def query_tiles(rows: int, block_m: int) -> int:
+    return cdiv(rows, block_m)
+
+
+def _blocks(tiles: list[int], chunk_tiles: int, per_split: int) -> int:
+    return sum(max(1, cdiv(t, chunk_tiles)) for t in tiles) * per_split
+
+
+def choose_chunk_len(seqlens: list[int], *, num_kv_heads: int, m_tiles: int, block_n: int,
+                     num_sms: int) -> int:
+    """Keys per split (a multiple of block_n) for the whole batch; >= max(seqlens) means no split.
+
+    * No split when batch x KV heads x query tiles already fills the GPU (>= num_sms blocks):
+      splitting then only adds partial traffic and a combine launch.
+    * No split when the longest request has fewer than 2 x MIN_CHUNK_KEYS keys.
+    * Otherwise the smallest chunk (>= MIN_CHUNK_KEYS, <= MAX_SPLITS splits per request) whose
+      total block count stays within BLOCKS_PER_SM waves.
+    """
+    tiles = [cdiv(max(L, 0), block_n) for L in seqlens] or [0]
+    longest = max(tiles)
+    no_split = max(longest, 1) * block_n
+    per_split = num_kv_heads * m_tiles
+    if len(seqlens) * per_split >= num_sms or longest * block_n < 2 * MIN_CHUNK_KEYS:
+        return no_split
+    lo = max(cdiv(MIN_CHUNK_KEYS, block_n), cdiv(longest, MAX_SPLITS))
+    hi = longest
+    target = num_sms * BLOCKS_PER_SM
+    while lo < hi:  # smallest chunk whose block count fits the target (count is monotone in chunk)
+        mid = (lo + hi) // 2
+        if _blocks(tiles, mid, per_split) <= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo * block_n
+
+
+def splits_for_lengths(seqlens, chunk_len: int, max_splits: int | None = None):
+    """num_splits per request = ceil(L / chunk_len), at least 1 (an empty request has one empty
+    split, which writes o = 0, lse = -inf). Works on a list of ints or an int tensor."""
+    if isinstance(seqlens, torch.Tensor):
+        n = torch.div(seqlens + (chunk_len - 1), chunk_len, rounding_mode="floor").clamp_(min=1)
+        return n.clamp_(max=max_splits) if max_splits is not None else n
+    n = [max(1, cdiv(int(L), chunk_len)) for L in seqlens]
+    return [min(x, max_splits) for x in n] if max_splits is not None else n
+
+
+def forced_chunk_lens(seqlens: list[int], num_splits: int, block_n: int) -> list[int]:
+    """Chunk length per request when the caller forces num_splits: the request's keys cut into
+    num_splits equal, block_n-aligned chunks (trailing chunks may be empty: lse = -inf)."""
+    return [max(1, cdiv(cdiv(max(L, 0), num_splits), block_n)) * block_n for L in seqlens]

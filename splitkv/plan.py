@@ -1,0 +1,155 @@
+"""DecodePlan: the split table every backend executes.
+
+A plan fixes, for one batch shape: the tile config, the grid's split dimension (`max_splits`) and
+the workspace; and holds per-request device tensors `num_splits[B]` and `chunk_lens[B]` (keys per
+split). Split s of request b covers keys [s * chunk_lens[b], min((s+1) * chunk_lens[b], L_b)),
+except the last split (s = num_splits[b] - 1), which runs on to L_b: a graph-safe plan whose
+lengths outgrow its bound stays correct (its last split just gets longer).
+Kernels read these tensors; they decide nothing about splitting.
+
+Two kinds of plan:
+  * eager (`max_seqlen=None`): built from the actual lengths on the host (one device->host read
+    of cache_seqlens), reused by every layer of the step;
+  * graph-safe (`max_seqlen=N`): chunk length and grid fixed from the upper bound N; at each call
+    `refresh(cache_seqlens)` recomputes num_splits on the device with in-place ops, so the launch
+    can be captured in a CUDA graph and replayed after lengths change.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from . import heuristics as H
+from . import workspace as W
+
+
+def device_num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H.CPU_NUM_SMS
+
+
+@dataclass
+class DecodePlan:
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    q_len: int
+    device: torch.device
+    tile: H.TileConfig
+    m_tiles: int
+    max_splits: int  # split dimension of the grid; workspace is sized to it
+    max_chunk_len: int  # longest chunk (keys) of any split: bounds the torch backend's padding
+    num_splits: torch.Tensor  # int32 [B] on device
+    chunk_lens: torch.Tensor  # int32 [B] on device
+    num_splits_host: list[int] | None = None  # None for graph-safe plans (lengths live on GPU)
+    graph_safe: bool = False
+    chunk_len: int | None = None  # the batch-wide chunk of auto plans (None when forced)
+    forced: int | None = None
+    _own_ws: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def qhead_per_kvhead(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+    def partials(self):
+        """(o_part, lse_part) workspace views, or (None, None) when no request splits."""
+        if self.max_splits == 1:
+            return None, None
+        o_shape, lse_shape, nbytes = W.partial_sizes(self.max_splits, self.batch, self.num_q_heads,
+                                                     self.q_len, self.head_dim)
+        buf = self._own_ws if self._own_ws is not None else W.shared_buffer(nbytes, self.device)
+        return W.carve(buf, o_shape, lse_shape)
+
+    def refresh(self, cache_seqlens: torch.Tensor) -> None:
+        """Graph-safe plans: recompute num_splits from device lengths, in place (capturable)."""
+        if not self.graph_safe:
+            return
+        n = self.num_splits
+        torch.add(cache_seqlens, self.chunk_len - 1, out=n)
+        n.div_(self.chunk_len, rounding_mode="floor").clamp_(1, self.max_splits)
+
+    def check_matches(self, prob) -> None:
+        got = (prob.batch, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len)
+        want = (self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len)
+        if got != want:
+            raise ValueError(f"plan: made for (B, Hq, Hkv, D, Sq) = {want}, but the inputs have {got}")
+
+    def describe(self) -> str:
+        splits = self.num_splits_host if self.num_splits_host is not None else "on device"
+        mode = "graph-safe" if self.graph_safe else ("forced" if self.forced else "auto")
+        return (f"DecodePlan[{mode}] B={self.batch} Hq/Hkv={self.num_q_heads}/{self.num_kv_heads} "
+                f"D={self.head_dim} Sq={self.q_len} tile={self.tile} m_tiles={self.m_tiles} "
+                f"chunk={self.chunk_len} max_splits={self.max_splits} num_splits={splits}")
+
+
+def build_plan(lengths: list[int] | None, *, batch: int, num_q_heads: int, num_kv_heads: int,
+               head_dim: int, q_len: int, device, num_splits: int | None = None,
+               max_seqlen: int | None = None, num_sms: int | None = None) -> DecodePlan:
+    device = torch.device(device)
+    rows = (num_q_heads // num_kv_heads) * q_len
+    tile = H.tile_config(head_dim, rows)
+    m_tiles = H.query_tiles(rows, tile.block_m)
+    sms = num_sms if num_sms is not None else device_num_sms(device)
+    graph_safe = max_seqlen is not None
+    if graph_safe:
+        bound = [max_seqlen] * batch
+        chunk = (max(H.cdiv(max_seqlen, num_splits), 1) if num_splits else
+                 H.choose_chunk_len(bound, num_kv_heads=num_kv_heads, m_tiles=m_tiles,
+                                    block_n=tile.block_n, num_sms=sms))
+        max_splits = H.splits_for_lengths([max_seqlen], chunk)[0]
+        plan = DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
+                          max_splits, chunk, torch.ones(batch, dtype=torch.int32, device=device),
+                          torch.full((batch,), chunk, dtype=torch.int32, device=device),
+                          graph_safe=True, chunk_len=chunk, forced=num_splits)
+        if max_splits > 1:
+            _, _, nbytes = W.partial_sizes(max_splits, batch, num_q_heads, q_len, head_dim)
+            plan._own_ws = W.allocate(nbytes, device)
+        return plan
+    if num_splits is not None:
+        chunks = H.forced_chunk_lens(lengths, num_splits, tile.block_n)
+        splits, chunk = [num_splits] * batch, None
+    else:
+        chunk = H.choose_chunk_len(lengths, num_kv_heads=num_kv_heads, m_tiles=m_tiles,
+                                   block_n=tile.block_n, num_sms=sms)
+        splits, chunks = H.splits_for_lengths(lengths, chunk), [chunk] * batch
+    host = torch.tensor(splits + chunks, dtype=torch.int32)
+    dev = host.to(device, non_blocking=True) if device.type == "cuda" else host
+    return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
+                      max(splits, default=1), max(chunks, default=1), dev[:batch], dev[batch:],
+                      num_splits_host=splits, chunk_len=chunk, forced=num_splits)
+
+
+def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,
+         q_len: int = 1, num_splits: int | None = None, max_seqlen: int | None = None,
+         num_sms: int | None = None) -> DecodePlan:
+    """Plan a decode step once; pass it to every layer's `decode(..., plan=p)`.
+
+    max_seqlen=None: eager plan from the actual lengths (reads cache_seqlens on the host).
+    max_seqlen=N: graph-safe plan for lengths <= N (never reads cache_seqlens on the host); the
+    decode call may then be captured in a CUDA graph and replayed with new lengths/tables.
+    """
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
+        raise ValueError("cache_seqlens: expected a 1-D int32 tensor [B]")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads: {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits: expected None or an int >= 1, got {num_splits!r}")
+    if max_seqlen is not None and max_seqlen < 1:
+        raise ValueError(f"max_seqlen: expected a positive int, got {max_seqlen!r}")
+    lengths = None if max_seqlen is not None else [int(x) for x in cache_seqlens.tolist()]
+    p = build_plan(lengths, batch=cache_seqlens.shape[0], num_q_heads=num_q_heads,
+                   num_kv_heads=num_kv_heads, head_dim=head_dim, q_len=q_len,
+                   device=cache_seqlens.device, num_splits=num_splits, max_seqlen=max_seqlen,
+                   num_sms=num_sms)
+    maybe_print(p)
+    return p
+
+
+def maybe_print(p: DecodePlan) -> None:
+    if os.environ.get("SPLITKV_PRINT_PLAN", "") not in ("", "0"):
+        print(p.describe(), flush=True)

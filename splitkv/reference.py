@@ -1,0 +1,90 @@
+"""The truth: decode attention in plain PyTorch, fp64 (or fp32), one request at a time.
+
+Used by tests and benchmarks to check every backend; never used by a backend. It is written for
+clarity, not speed: it gathers each request's keys (dense or through the block table), builds the
+bottom-right causal mask explicitly and runs a softmax in high precision.
+
+Semantics (the contract every backend matches):
+  * request b has cache_seqlens[b] valid keys at positions 0 .. L_b-1;
+  * query i of Sq sits at absolute position L_b - Sq + i; with causal=True it sees keys at
+    positions <= its own, otherwise every valid key;
+  * query head h reads KV head h // (Hq // Hkv);
+  * a query that sees no key gets o = 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def gather_keys(cache: torch.Tensor, b: int, length: int, block_table: torch.Tensor | None):
+    """Return [length, Hkv, D] keys (or values) of request b, dense or paged."""
+    if block_table is None:
+        return cache[b, :length]
+    page_size = cache.shape[1]
+    pos = torch.arange(length, device=cache.device)
+    pages = block_table[b, pos // page_size].long()
+    return cache[pages, pos % page_size]
+
+
+def decode_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    block_table: torch.Tensor | None = None,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    dtype: torch.dtype = torch.float64,
+):
+    """Exact decode attention. Returns (o [B, Sq, Hq, D] in `dtype`, lse [B, Hq, Sq] in `dtype`)."""
+    B, Sq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    group = Hq // Hkv
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
+    o = torch.zeros(B, Sq, Hq, D, dtype=dtype, device=q.device)
+    lse = torch.full((B, Hq, Sq), -math.inf, dtype=dtype, device=q.device)
+    lengths = [int(x) for x in cache_seqlens.tolist()]
+    for b, L in enumerate(lengths):
+        if L == 0:
+            continue
+        k = gather_keys(k_cache, b, L, block_table).to(dtype).repeat_interleave(group, dim=1)
+        v = gather_keys(v_cache, b, L, block_table).to(dtype).repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[b].to(dtype), k) * scale  # [Hq, Sq, L]
+        if causal:
+            qpos = torch.arange(Sq, device=q.device) + (L - Sq)
+            kpos = torch.arange(L, device=q.device)
+            s = s.masked_fill(kpos[None, None, :] > qpos[None, :, None], -math.inf)
+        row_lse = torch.logsumexp(s, dim=-1)  # [Hq, Sq]
+        p = torch.exp(s - row_lse[..., None]).nan_to_num(0.0)  # rows with no key: exp(-inf+inf)
+        o[b] = torch.einsum("hqk,khd->qhd", p, v)
+        lse[b] = row_lse
+    return o, lse
+
+
+def decode_lowp(q, k_cache, v_cache, cache_seqlens, *, causal=True, softmax_scale=None):
+    """The same math done by PyTorch in q's low dtype (scores, softmax and P@V all in fp16/bf16).
+
+    Tests use its error against decode_reference as the yardstick for ours ("our error <= 2x
+    PyTorch's own low-precision error"). Contiguous caches only.
+    """
+    B, Sq, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    group = Hq // Hkv
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D)
+    o = torch.zeros_like(q)
+    for b, L in enumerate(int(x) for x in cache_seqlens.tolist()):
+        if L == 0:
+            continue
+        k = k_cache[b, :L].repeat_interleave(group, dim=1)
+        v = v_cache[b, :L].repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[b], k) * scale
+        if causal:
+            qpos = torch.arange(Sq, device=q.device) + (L - Sq)
+            s = s.masked_fill(torch.arange(L, device=q.device)[None, None] > qpos[None, :, None], -math.inf)
+        p = torch.softmax(s.float(), dim=-1).to(q.dtype).nan_to_num(0.0)
+        o[b] = torch.einsum("hqk,khd->qhd", p, v)
+    return o

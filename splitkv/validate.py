@@ -1,0 +1,127 @@
+"""Every input check of splitkv.decode, in one place.
+
+Each error names the argument and says what was expected. Checks that need the host values of
+cache_seqlens (negative or too long lengths) run only when the caller did not pass a plan: with a
+plan the lengths may live on the GPU inside a CUDA graph, and reading them would synchronise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+MAX_Q_LEN = 16
+BACKENDS = ("auto", "torch", "triton", "cutlass")
+LOW_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The shape facts every later layer needs, read off validated inputs."""
+
+    batch: int
+    q_len: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_seqlen: int  # keys addressable per request: Lmax, or max_pages * page_size when paged
+    page_size: int | None  # None for a contiguous cache
+    dtype: torch.dtype
+
+    @property
+    def qhead_per_kvhead(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+
+def _need(cond: bool, exc: type[Exception], msg: str) -> None:
+    if not cond:
+        raise exc(msg)
+
+
+def check_backend(backend: str) -> None:
+    _need(isinstance(backend, str) and backend in BACKENDS, ValueError,
+          f"backend: expected one of {BACKENDS}, got {backend!r}")
+
+
+def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
+                        backend: str) -> Problem:
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
+        _need(isinstance(t, torch.Tensor), TypeError, f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    check_backend(backend)
+    _need(q.dim() == 4, ValueError, f"q: expected rank 4 [B, Sq, Hq, D], got shape {tuple(q.shape)}")
+    allowed = LOW_DTYPES + ((torch.float32,) if backend in ("torch", "auto") else ())
+    _need(q.dtype in allowed, TypeError,
+          f"q: expected dtype in {allowed} for backend {backend!r}, got {q.dtype}")
+    B, Sq, Hq, D = q.shape
+    _need(1 <= Sq <= MAX_Q_LEN, ValueError, f"q: expected 1 <= Sq (dim 1) <= {MAX_Q_LEN}, got Sq={Sq}")
+    _need(D in SUPPORTED_HEAD_DIMS, ValueError, f"q: head dim {D} not supported, expected one of {SUPPORTED_HEAD_DIMS}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _need(t.dim() == 4, ValueError,
+              f"{name}: expected rank 4 [B, Lmax, Hkv, D] or [num_pages, page_size, Hkv, D], got shape {tuple(t.shape)}")
+        _need(t.dtype == q.dtype, TypeError, f"{name}: dtype {t.dtype} does not match q's dtype {q.dtype}")
+        _need(t.device == q.device, ValueError, f"{name}: on {t.device} but q is on {q.device}")
+        _need(t.stride(-1) == 1, ValueError,
+              f"{name}: head dim (last) must have unit stride, got strides {tuple(t.stride())}")
+    _need(k_cache.shape == v_cache.shape, ValueError,
+          f"v_cache: shape {tuple(v_cache.shape)} does not match k_cache's {tuple(k_cache.shape)}")
+    _need(q.stride(-1) == 1, ValueError, f"q: head dim (last) must have unit stride, got strides {tuple(q.stride())}")
+    Hkv, Dk = k_cache.shape[2], k_cache.shape[3]
+    _need(Dk == D, ValueError, f"k_cache: head dim {Dk} does not match q's head dim {D}")
+    _need(Hkv >= 1 and Hq % Hkv == 0, ValueError,
+          f"q: number of query heads {Hq} must be a multiple of k_cache's KV heads {Hkv}")
+    _need(cache_seqlens.dim() == 1 and cache_seqlens.shape[0] == B, ValueError,
+          f"cache_seqlens: expected shape [{B}] (one length per request), got {tuple(cache_seqlens.shape)}")
+    _need(cache_seqlens.dtype == torch.int32, TypeError, f"cache_seqlens: expected dtype int32, got {cache_seqlens.dtype}")
+    _need(cache_seqlens.device == q.device, ValueError, f"cache_seqlens: on {cache_seqlens.device} but q is on {q.device}")
+    if num_splits is not None:
+        _need(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 1, ValueError,
+              f"num_splits: expected None or an int >= 1, got {num_splits!r}")
+    if softmax_scale is not None:
+        _need(isinstance(softmax_scale, (int, float)) and softmax_scale > 0, ValueError,
+              f"softmax_scale: expected a positive float, got {softmax_scale!r}")
+
+    if block_table is None:
+        _need(k_cache.shape[0] == B, ValueError,
+              f"k_cache: batch dim {k_cache.shape[0]} does not match q's batch {B} (contiguous cache)")
+        max_seqlen, page_size = k_cache.shape[1], None
+    else:
+        _need(isinstance(block_table, torch.Tensor), TypeError,
+              f"block_table: expected a torch.Tensor, got {type(block_table).__name__}")
+        _need(block_table.dtype == torch.int32, TypeError, f"block_table: expected dtype int32, got {block_table.dtype}")
+        _need(block_table.dim() == 2 and block_table.shape[0] == B, ValueError,
+              f"block_table: expected shape [{B}, max_pages], got {tuple(block_table.shape)}")
+        _need(block_table.device == q.device, ValueError, f"block_table: on {block_table.device} but q is on {q.device}")
+        _need(block_table.stride(-1) == 1, ValueError, "block_table: last dim must have unit stride")
+        page_size = k_cache.shape[1]
+        max_seqlen = block_table.shape[1] * page_size
+    return Problem(B, Sq, Hq, Hkv, D, max_seqlen, page_size, q.dtype)
+
+
+def check_seqlens_host(lengths: list[int], prob: Problem, block_table, num_pages: int) -> None:
+    """Host-side length checks (used when decode builds its own plan and so reads lengths anyway)."""
+    bad = [(b, L) for b, L in enumerate(lengths) if L < 0 or L > prob.max_seqlen]
+    if bad:
+        b, L = bad[0]
+        what = "max_pages * page_size" if block_table is not None else "Lmax (k_cache dim 1)"
+        raise ValueError(f"cache_seqlens: entry {b} is {L}, expected 0 <= length <= {what} = {prob.max_seqlen}")
+    if block_table is not None and lengths:
+        ps = prob.page_size
+        used = [-(-L // ps) for L in lengths]
+        cols = torch.arange(block_table.shape[1], device=block_table.device)
+        mask = cols[None, :] < torch.tensor(used, device=block_table.device)[:, None]
+        ids = block_table[mask]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_pages):
+            raise ValueError(f"block_table: page ids of used pages must be in [0, {num_pages}), "
+                             f"got range [{int(ids.min())}, {int(ids.max())}]")
+
+
+def check_out(out, lse_shape, prob: Problem, q: torch.Tensor) -> None:
+    if out is None:
+        return
+    _need(isinstance(out, torch.Tensor), TypeError, f"out: expected a torch.Tensor, got {type(out).__name__}")
+    _need(out.shape == q.shape and out.dtype == q.dtype and out.device == q.device, ValueError,
+          f"out: expected shape {tuple(q.shape)}, dtype {q.dtype} on {q.device}, got "
+          f"{tuple(out.shape)}, {out.dtype} on {out.device}")
+    _need(out.stride(-1) == 1, ValueError, "out: head dim (last) must have unit stride")

@@ -1,0 +1,63 @@
+"""Preallocated fp32 workspace for split partials: partial O and partial LSE.
+
+Layouts (split axis leads, so one split's rows are contiguous and the combine strides over it):
+    o_part   [max_splits, B, Hq, Sq, D]  fp32, each split's *normalised* output
+    lse_part [max_splits, B, Hq, Sq]     fp32, natural-log LSE of that split (-inf when empty)
+
+One byte buffer per device, carved into 128-byte aligned views. It grows to the largest request
+seen and is then reused: once warm, decode allocates no workspace. A CUDA-graph plan owns a
+private buffer instead (allocated at plan time), because a graph replays fixed addresses and the
+shared pool may move when it grows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ALIGN = 128
+
+_POOLS: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def _round_up(x: int, a: int = ALIGN) -> int:
+    return (x + a - 1) // a * a
+
+
+def partial_sizes(max_splits: int, batch: int, num_q_heads: int, q_len: int, head_dim: int):
+    o_shape = (max_splits, batch, num_q_heads, q_len, head_dim)
+    lse_shape = (max_splits, batch, num_q_heads, q_len)
+    o_bytes = _round_up(4 * max_splits * batch * num_q_heads * q_len * head_dim)
+    lse_bytes = _round_up(4 * max_splits * batch * num_q_heads * q_len)
+    return o_shape, lse_shape, o_bytes + lse_bytes
+
+
+def allocate(nbytes: int, device) -> torch.Tensor:
+    """A fresh byte buffer whose data pointer is 128-byte aligned."""
+    raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8, device=device)
+    shift = (-raw.data_ptr()) % ALIGN
+    return raw[shift:shift + nbytes]
+
+
+def shared_buffer(nbytes: int, device) -> torch.Tensor:
+    """The per-device pool, grown (never shrunk) to at least nbytes."""
+    device = torch.device(device)
+    key = (device.type, device.index)
+    buf = _POOLS.get(key)
+    if buf is None or buf.numel() < nbytes:
+        buf = allocate(_round_up(max(nbytes, 1 << 20)), device)
+        _POOLS[key] = buf
+    return buf
+
+
+def carve(buf: torch.Tensor, o_shape, lse_shape):
+    """Aligned fp32 views (o_part, lse_part) at the head of buf."""
+    o_numel = 1
+    for s in o_shape:
+        o_numel *= s
+    lse_numel = 1
+    for s in lse_shape:
+        lse_numel *= s
+    o_off = _round_up(4 * o_numel)
+    o_part = buf[: 4 * o_numel].view(torch.float32).view(o_shape)
+    lse_part = buf[o_off: o_off + 4 * lse_numel].view(torch.float32).view(lse_shape)
+    return o_part, lse_part
