@@ -24,6 +24,25 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True,
     this call capturable in a CUDA graph. Without a plan, decode plans from the actual lengths,
     which reads cache_seqlens on the host.
     """
+    if plan is None and torch.compiler.is_compiling():
+        # under torch.compile the host read of cache_seqlens would break the graph: go through
+        # the registered custom op, whose fake impl gives dynamo the output shapes
+        from . import ops
+
+        o, lse = ops.decode_op(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale,
+                               num_splits, backend)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return (o, lse) if return_lse else o
+    return decode_eager(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+                        softmax_scale=softmax_scale, num_splits=num_splits, return_lse=return_lse,
+                        out=out, plan=plan, backend=backend)
+
+
+def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
+                 num_splits=None, return_lse=False, out=None, plan=None, backend="auto"):
+    """decode() without the torch.compile dispatch (what the custom op runs)."""
     prob = validate.check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
                                         softmax_scale, backend)
     validate.check_out(out, None, prob, q)
