@@ -1,0 +1,28 @@
+"""Command line: python -m splitkv {demo, bench, heatmap, compile} [options]."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "demo": ("splitkv.demo", "main", "long-context decode per backend, checked against the reference"),
+    "bench": ("splitkv.bench.cli", "main", "benchmark suite against peers (json, markdown, plots)"),
+    "heatmap": ("splitkv.viz", "heatmap_main", "per-split LSE heat map of a real decode, with anomaly flags"),
+    "compile": ("splitkv.compile_cli", "main", "compile every CUTLASS kernel variant (no GPU needed)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: python -m splitkv {" + ",".join(COMMANDS) + "} [options]\n")
+        for name, (_, _, text) in COMMANDS.items():
+            print(f"  {name:8s} {text}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module, func, _ = COMMANDS[argv[0]]
+    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

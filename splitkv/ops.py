@@ -1,0 +1,72 @@
+"""torch.library custom ops (namespace "splitkv") with fake impls, so torch.compile traces decode,
+the combine and the cache append as single opaque nodes: no graph break (fullgraph=True works)
+and no host read of cache_seqlens inside the traced graph.
+
+    splitkv::decode   (q, k_cache, v_cache, cache_seqlens, block_table?, causal, softmax_scale?,
+                       num_splits?, backend) -> (o [B, Sq, Hq, D] q.dtype, lse [B, Hq, Sq] fp32)
+    splitkv::combine  (o_part [S, B, H, T, D], lse_part [S, B, H, T], num_splits [B])
+                       -> (o [B, T, H, D] o_part.dtype, lse [B, H, T] fp32)
+
+CUDA graphs (torch.compile mode="reduce-overhead"): the decode op's eager path plans from the
+host values of cache_seqlens, which a stream capture forbids. While the current stream is
+capturing, the op plans for the cache's capacity instead (a graph-safe plan: split count computed
+on the device at replay), so the captured graph stays right when lengths change between replays.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import backends
+
+
+def _capacity(k_cache: Tensor, block_table: Tensor | None) -> int:
+    """Most keys a request can address: the bound a graph-safe plan is built for."""
+    if block_table is None:
+        return max(int(k_cache.shape[1]), 1)
+    return max(int(block_table.shape[1]) * int(k_cache.shape[1]), 1)
+
+
+@torch.library.custom_op("splitkv::decode", mutates_args=())
+def decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None,
+              causal: bool, softmax_scale: float | None, num_splits: int | None,
+              backend: str) -> tuple[Tensor, Tensor]:
+    from .api import decode_eager
+    from .plan import build_plan
+
+    plan = None
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        B, Sq, Hq, D = q.shape
+        plan = build_plan(None, batch=B, num_q_heads=Hq, num_kv_heads=k_cache.shape[2], head_dim=D,
+                          q_len=Sq, device=q.device, num_splits=num_splits,
+                          max_seqlen=_capacity(k_cache, block_table))
+    return decode_eager(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+                        softmax_scale=softmax_scale, num_splits=num_splits, return_lse=True, plan=plan,
+                        backend=backend)
+
+
+@decode_op.register_fake
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, backend):
+    B, Sq, Hq, _ = q.shape
+    o = q.new_empty(q.shape)  # contiguous, as decode_eager allocates it
+    lse = q.new_empty((B, Hq, Sq), dtype=torch.float32)
+    return o, lse
+
+
+@torch.library.custom_op("splitkv::combine", mutates_args=())
+def combine_op(o_part: Tensor, lse_part: Tensor, num_splits: Tensor) -> tuple[Tensor, Tensor]:
+    S, B, H, T, D = o_part.shape
+    o = o_part.new_empty((B, T, H, D))
+    lse = lse_part.new_empty((B, H, T), dtype=torch.float32)
+    # the Triton kernel needs a real GPU; on the CPU (interpreter or not) the torch combine is the
+    # same math and far faster than interpreting
+    name = "triton" if o_part.is_cuda and backends.triton_available() else "torch"
+    backends.get(name).combine(o_part, lse_part, num_splits, o, lse)
+    return o, lse
+
+
+@combine_op.register_fake
+def _combine_fake(o_part, lse_part, num_splits):
+    S, B, H, T, D = o_part.shape
+    return o_part.new_empty((B, T, H, D)), lse_part.new_empty((B, H, T), dtype=torch.float32)

@@ -1,0 +1,99 @@
+"""Every bad input gives a clear error that names the argument."""
+
+import pytest
+import torch
+
+import splitkv
+
+
+def _ok(B=2, Sq=1, Hq=8, Hkv=2, D=64, L=32, dtype=torch.float16):
+    q = torch.randn(B, Sq, Hq, D, dtype=dtype)
+    k = torch.randn(B, L, Hkv, D, dtype=dtype)
+    v = torch.randn(B, L, Hkv, D, dtype=dtype)
+    return q, k, v, torch.full((B,), L, dtype=torch.int32)
+
+
+def _check(exc, match, **over):
+    q, k, v, sl = _ok()
+    args = dict(q=q, k_cache=k, v_cache=v, cache_seqlens=sl)
+    kw = {}
+    for name, val in over.items():
+        (args if name in args else kw)[name] = val
+    with pytest.raises(exc, match=match):
+        splitkv.decode(args["q"], args["k_cache"], args["v_cache"], args["cache_seqlens"], **kw)
+
+
+def test_dtype_mismatch():
+    _check(TypeError, "k_cache", k_cache=torch.randn(2, 32, 2, 64, dtype=torch.bfloat16))
+
+
+def test_wrong_ranks():
+    _check(ValueError, "q", q=torch.randn(2, 8, 64, dtype=torch.float16))
+    _check(ValueError, "k_cache", k_cache=torch.randn(2, 32, 128, dtype=torch.float16))
+
+
+def test_kv_shape_mismatch():
+    _check(ValueError, "v_cache", v_cache=torch.randn(2, 31, 2, 64, dtype=torch.float16))
+
+
+def test_head_dim_mismatch():
+    _check(ValueError, "head dim", k_cache=torch.randn(2, 32, 2, 128, dtype=torch.float16),
+           v_cache=torch.randn(2, 32, 2, 128, dtype=torch.float16))
+
+
+def test_heads_not_multiple():
+    _check(ValueError, "multiple", k_cache=torch.randn(2, 32, 3, 64, dtype=torch.float16),
+           v_cache=torch.randn(2, 32, 3, 64, dtype=torch.float16))
+
+
+def test_seqlens_wrong_length_dtype_device_values():
+    _check(ValueError, "cache_seqlens", cache_seqlens=torch.tensor([3], dtype=torch.int32))
+    _check(TypeError, "cache_seqlens", cache_seqlens=torch.tensor([3, 3], dtype=torch.int64))
+    _check(ValueError, "cache_seqlens", cache_seqlens=torch.tensor([-1, 3], dtype=torch.int32))
+    _check(ValueError, "cache_seqlens", cache_seqlens=torch.tensor([33, 3], dtype=torch.int32))
+    if torch.cuda.is_available():
+        _check(ValueError, "cache_seqlens", cache_seqlens=torch.tensor([3, 3], dtype=torch.int32, device="cuda"))
+
+
+def test_sq_too_large_and_head_dim_unsupported():
+    _check(ValueError, "Sq", q=torch.randn(2, 17, 8, 64, dtype=torch.float16))
+    _check(ValueError, "head dim", q=torch.randn(2, 1, 8, 80, dtype=torch.float16),
+           k_cache=torch.randn(2, 32, 2, 80, dtype=torch.float16), v_cache=torch.randn(2, 32, 2, 80, dtype=torch.float16))
+
+
+def test_non_unit_stride_on_d():
+    k = torch.randn(2, 32, 2, 128, dtype=torch.float16)[..., ::2]
+    _check(ValueError, "unit stride", k_cache=k)
+
+
+def test_unknown_backend_and_bad_num_splits():
+    _check(ValueError, "backend", backend="cuda-magic")
+    _check(ValueError, "num_splits", num_splits=0)
+    _check(ValueError, "num_splits", num_splits=2.5)
+
+
+def test_float32_only_on_torch_backend():
+    q, k, v, sl = _ok(dtype=torch.float32)
+    with pytest.raises(TypeError, match="q"):
+        splitkv.decode(q, k, v, sl, backend="triton")
+
+
+def test_block_table_errors():
+    q, k, v, sl = _ok(L=16)
+    kp = torch.randn(8, 16, 2, 64, dtype=torch.float16)
+    with pytest.raises(TypeError, match="block_table"):
+        splitkv.decode(q, kp, kp, sl, block_table=torch.zeros(2, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="block_table"):
+        splitkv.decode(q, kp, kp, sl, block_table=torch.zeros(3, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_seqlens"):  # needs 3 pages, table has 2 columns
+        splitkv.decode(q, kp, kp, torch.tensor([40, 3], dtype=torch.int32),
+                       block_table=torch.zeros(2, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table"):  # used page id out of range
+        splitkv.decode(q, kp, kp, sl, block_table=torch.tensor([[0, 1], [9, 1]], dtype=torch.int32))
+
+
+def test_plan_mismatch():
+    q, k, v, sl = _ok()
+    p = splitkv.plan(sl, 8, 1, 64)
+    with pytest.raises(ValueError, match="plan"):
+        splitkv.decode(q, k, v, sl, plan=p)
