@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One H200 call: GPU tests, demo, benchmarks; everything lands under $OUT.
+#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|tune|bench|all ...]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+[ -f .whl/env.sh ] && . .whl/env.sh
+export PYTHONUNBUFFERED=1
+what=${*:-all}
+has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
+  python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)";
+  python -c "import cutlass;print('cutlass-dsl ok')" 2>&1 | tail -1; date -u; } | tee "$OUT/env.txt"
+if has tests; then
+  python -m pytest -m gpu tests ${GPU_TEST_FILES:-} -q -rfEs -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+fi
+if has demo; then python -m splitkv demo 2>&1 | tee "$OUT/demo.log"; fi
+if has tune; then python benchmarks/triton_tune.py --out "$OUT" 2>&1 | tee "$OUT/tune.log" | grep -v '^ ' | tail -150; fi
+if has bench; then
+  python -m splitkv bench ${BENCH_ARGS:-} --json "$OUT/bench.json" --markdown "$OUT/bench.md" --plot "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -80
+fi
+if has cutlass; then python benchmarks/gpu_cutlass.py --out "$OUT" 2>&1 | tee "$OUT/cutlass.log" | tail -60; fi

@@ -1,0 +1,86 @@
+"""Cascade decode: a prompt prefix shared by every request of a batch is attended once, each
+request's own suffix through ordinary decode, and the two states merged exactly (merge_states).
+
+Request b's keys are prefix[0:prefix_len] followed by its suffix[0:suffix_seqlens[b]]. The prefix
+pass folds the batch into the query heads, so the prefix KV is read once per KV head for the whole
+batch instead of once per request: q [B, Sq, Hkv*G, D] is regrouped to one request with
+Hkv*B*G query heads ordered (kv head, request, group), which the GQA mapping (query head h reads
+KV head h // (B*G)) sends to the right KV head. The prefix lies wholly before the new tokens, so
+that pass is non-causal; causality (bottom-right, Sq > 1) only matters inside the suffix, which
+must therefore hold the Sq new tokens (suffix_seqlens >= Sq).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .api import decode
+from .merge import merge_states
+
+
+def _prefix_as_request(prefix_k, prefix_v, prefix_len, prefix_block_table, device):
+    """The prefix as a one-request cache: (k [1, L, Hkv, D] or pool, v, seqlens [1], table [1, P])."""
+    if prefix_block_table is None:
+        if not isinstance(prefix_k, torch.Tensor) or prefix_k.dim() != 3:
+            raise ValueError("prefix_k: expected a tensor [Lp, Hkv, D] (or a page pool "
+                             "[num_pages, page_size, Hkv, D] with prefix_block_table)")
+        if not isinstance(prefix_v, torch.Tensor) or prefix_v.shape != prefix_k.shape:
+            raise ValueError(f"prefix_v: expected shape {tuple(prefix_k.shape)} like prefix_k")
+        k, v, table = prefix_k.unsqueeze(0), prefix_v.unsqueeze(0), None
+    else:
+        if not isinstance(prefix_block_table, torch.Tensor) or prefix_block_table.dim() not in (1, 2) or (
+                prefix_block_table.dim() == 2 and prefix_block_table.shape[0] != 1):
+            raise ValueError("prefix_block_table: expected int32 page ids [max_pages] (or [1, max_pages])")
+        k, v, table = prefix_k, prefix_v, prefix_block_table.reshape(1, -1)
+    if isinstance(prefix_len, torch.Tensor):
+        if prefix_len.numel() != 1:
+            raise ValueError(f"prefix_len: expected an int or a one-element tensor, got shape "
+                             f"{tuple(prefix_len.shape)}")
+        seqlens = prefix_len.reshape(1).to(device=device, dtype=torch.int32)
+    elif isinstance(prefix_len, int) and not isinstance(prefix_len, bool) and prefix_len >= 0:
+        seqlens = torch.tensor([prefix_len], dtype=torch.int32, device=device)
+    else:
+        raise ValueError(f"prefix_len: expected an int >= 0 or a one-element int tensor, got {prefix_len!r}")
+    return k, v, seqlens, table
+
+
+def cascade_decode(q, prefix_k, prefix_v, prefix_len, suffix_k, suffix_v, suffix_seqlens, *,
+                   prefix_block_table=None, suffix_block_table=None, causal=True, softmax_scale=None,
+                   num_splits=None, return_lse=False, backend="auto"):
+    """Decode attention over [shared prefix | per-request suffix], the prefix read once.
+
+    q [B, Sq, Hq, D]. prefix_k/prefix_v [Lp, Hkv, D] with prefix_len (int or int32 one-element
+    tensor) valid keys, or a page pool [num_pages, page_size, Hkv, D] with prefix_block_table
+    int32 [max_pages] (the pool may be the suffixes' pool: shared prefix pages). suffix_k/suffix_v
+    and suffix_seqlens [B] are a decode cache (contiguous [B, Lmax, Hkv, D], or paged with
+    suffix_block_table). Equal to decode over each request's concatenated keys; returns o
+    [B, Sq, Hq, D] (and lse [B, Hq, Sq] fp32 when return_lse).
+    """
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q: expected a tensor [B, Sq, Hq, D], got {getattr(q, 'shape', type(q).__name__)}")
+    B, Sq, Hq, D = q.shape
+    if not isinstance(prefix_k, torch.Tensor) or prefix_k.shape[-1] != D:
+        raise ValueError(f"prefix_k: expected a tensor with head dim {D} (q's) last")
+    Hkv = prefix_k.shape[-2]
+    if Hkv < 1 or Hq % Hkv:
+        raise ValueError(f"prefix_k: {Hkv} KV heads do not divide q's {Hq} query heads")
+    G = Hq // Hkv
+    if causal and Sq > 1 and isinstance(suffix_seqlens, torch.Tensor) and suffix_seqlens.numel() \
+            and not torch.compiler.is_compiling() and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        short = int(suffix_seqlens.min())
+        if short < Sq:
+            raise ValueError(f"suffix_seqlens: every suffix must hold the Sq = {Sq} new tokens (causal), "
+                             f"got a length of {short}")
+    pk, pv, p_lens, p_table = _prefix_as_request(prefix_k, prefix_v, prefix_len, prefix_block_table, q.device)
+
+    # [B, Sq, Hkv, G, D] -> [1, Sq, Hkv*B*G, D] with heads ordered (kv head, request, group)
+    q_p = q.reshape(B, Sq, Hkv, G, D).permute(1, 2, 0, 3, 4).reshape(1, Sq, Hkv * B * G, D)
+    o_p, lse_p = decode(q_p, pk, pv, p_lens, block_table=p_table, causal=False, softmax_scale=softmax_scale,
+                        num_splits=num_splits, return_lse=True, backend=backend)
+    o_p = o_p.reshape(Sq, Hkv, B, G, D).permute(2, 0, 1, 3, 4).reshape(B, Sq, Hq, D)
+    lse_p = lse_p.reshape(Hkv, B, G, Sq).permute(1, 0, 2, 3).reshape(B, Hq, Sq)
+
+    o_s, lse_s = decode(q, suffix_k, suffix_v, suffix_seqlens, block_table=suffix_block_table, causal=causal,
+                        softmax_scale=softmax_scale, num_splits=num_splits, return_lse=True, backend=backend)
+    o, lse = merge_states(o_s, lse_s, o_p, lse_p)
+    return (o, lse) if return_lse else o
