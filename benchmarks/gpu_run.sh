@@ -11,7 +11,7 @@ has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
   python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)";
   python -c "import cutlass;print('cutlass-dsl ok')" 2>&1 | tail -1; date -u; } | tee "$OUT/env.txt"
 if has tests; then
-  python -m pytest -m gpu tests ${GPU_TEST_FILES:-} -q -rfEs -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  python -m pytest -m gpu ${GPU_TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
 if has demo; then python -m splitkv demo 2>&1 | tee "$OUT/demo.log"; fi
 if has tune; then python benchmarks/triton_tune.py --out "$OUT" 2>&1 | tee "$OUT/tune.log" | grep -v '^ ' | tail -150; fi
