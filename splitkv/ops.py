@@ -6,6 +6,8 @@ and no host read of cache_seqlens inside the traced graph.
                        num_splits?, backend) -> (o [B, Sq, Hq, D] q.dtype, lse [B, Hq, Sq] fp32)
     splitkv::combine  (o_part [S, B, H, T, D], lse_part [S, B, H, T], num_splits [B])
                        -> (o [B, T, H, D] o_part.dtype, lse [B, H, T] fp32)
+    splitkv::append   (k_pool!, v_pool!, k, v, pages, starts, ntok, cos?, sin?, neox, backend)
+                       -> ()   (PagedKVCache's device write; pools mutated in place)
 
 CUDA graphs (torch.compile mode="reduce-overhead"): the decode op's eager path plans from the
 host values of cache_seqlens, which a stream capture forbids. While the current stream is
@@ -70,3 +72,27 @@ def combine_op(o_part: Tensor, lse_part: Tensor, num_splits: Tensor) -> tuple[Te
 def _combine_fake(o_part, lse_part, num_splits):
     S, B, H, T, D = o_part.shape
     return o_part.new_empty((B, T, H, D)), lse_part.new_empty((B, H, T), dtype=torch.float32)
+
+
+@torch.library.custom_op("splitkv::append", mutates_args=("k_pool", "v_pool"))
+def append_op(k_pool: Tensor, v_pool: Tensor, k: Tensor, v: Tensor, pages: Tensor, starts: Tensor, ntok: Tensor,
+              cos: Tensor | None, sin: Tensor | None, neox: bool, backend: str) -> None:
+    if backend == "triton":
+        from .backends.triton.append_kernel import append_kv as write
+    else:
+        from .cache import append_torch as write
+    write(k_pool, v_pool, k, v, pages, starts, ntok, cos, sin, neox=neox)
+
+
+@append_op.register_fake
+def _append_fake(k_pool, v_pool, k, v, pages, starts, ntok, cos, sin, neox, backend):
+    return None
+
+
+def append_kv(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, *, neox=True, backend="torch"):
+    """The device write of PagedKVCache.append as one custom op: same arguments as
+    splitkv.cache.append_torch / the Triton append_kv, plus the resolved backend ("torch" or
+    "triton"). Host bookkeeping (page allocation) stays in the cache, outside the op."""
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"backend: expected 'torch' or 'triton', got {backend!r}")
+    torch.ops.splitkv.append(k_pool, v_pool, k, v, pages, starts, ntok, cos, sin, bool(neox), backend)

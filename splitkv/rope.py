@@ -47,7 +47,8 @@ class RopeConfig:
             raise ValueError(f"rope.style: expected one of {STYLES}, got {self.style!r}")
         if self.rotary_dim is not None and (not isinstance(self.rotary_dim, int) or self.rotary_dim <= 0
                                             or self.rotary_dim % 2):
-            raise ValueError(f"rope.rotary_dim: expected None or a positive even int, got {self.rotary_dim!r}")
+            raise ValueError(f"rope.rotary_dim: expected None or a positive even int, "
+                             f"got {self.rotary_dim!r}")
         if not (isinstance(self.base, (int, float)) and self.base > 0):
             raise ValueError(f"rope.base: expected a positive number, got {self.base!r}")
         if (self.cos is None) != (self.sin is None):
@@ -60,7 +61,8 @@ class RopeConfig:
                 raise ValueError(f"rope.sin: shape {tuple(self.sin.shape)} does not match rope.cos's "
                                  f"{tuple(self.cos.shape)}")
             if self.rotary_dim is not None and self.cos.shape[1] * 2 != self.rotary_dim:
-                raise ValueError(f"rope.cos: width {self.cos.shape[1]} != rotary_dim // 2 = {self.rotary_dim // 2}")
+                raise ValueError(f"rope.cos: width {self.cos.shape[1]} != rotary_dim // 2 "
+                                 f"= {self.rotary_dim // 2}")
 
     @property
     def neox(self) -> bool:

@@ -17,8 +17,8 @@ Deterministic: a fixed reduction order per program, no atomics.
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634  # host-side: scale * log2(e)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit

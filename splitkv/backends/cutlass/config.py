@@ -1,0 +1,154 @@
+"""Kernel configs of the CuTe DSL backend: pure Python (no cutlass import), so the tile rule, the
+variant list and the cache keys are unit-tested on any machine.
+
+A config is everything that changes the compiled code; everything else (lengths, strides, split
+table, causal flag, page size, group size) is a runtime argument, so one compiled kernel serves
+every batch shape of its variant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# dtype names shared by the torch side (launch) and the DSL side (kernel classes)
+DTYPES = ("float16", "bfloat16")
+PART_DTYPES = ("float32", "float16", "bfloat16")
+HEAD_DIMS = (64, 128, 256)
+BLOCK_MS = (16, 32, 64)  # the planner's query tile rows (heuristics.tile_config): 16 .. 64
+NUM_THREADS = 128  # 4 warps: with block_m 16 they split the keys of a tile (see SplitConfig)
+MMA_M = 16  # rows of one mma.sync m16n8k16 atom = rows one warp owns
+MMA_K = 16
+ELEMS_PER_COPY = 8  # 16-byte cp.async / vector loads of fp16/bf16
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """One compiled split kernel.
+
+    Warp grid: warps_m x warps_n = 4 warps. Warp (wm, wn) owns query rows [16 wm, 16 wm + 16) of
+    the block_m-row tile and keys [wn * keys_per_warp, (wn + 1) * keys_per_warp) of every K/V
+    tile, and keeps its own online-softmax state; the warps_n states of a row are merged once, in
+    the epilogue. So block_m = 16 (a GQA group of 4..16 at Sq = 1) still keeps all 4 warps busy
+    without padding M to 64 rows.
+    """
+
+    dtype: str
+    head_dim: int
+    block_m: int
+    block_n: int
+    num_stages: int
+    paged: bool
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.block_m not in BLOCK_MS:
+            raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {self.block_m}")
+        if self.keys_per_warp % MMA_K or self.block_n % 16:
+            raise ValueError(f"block_n: {self.block_n} keys split over {self.warps_n} warps must give "
+                             f"a multiple of {MMA_K} keys per warp")
+        if self.num_stages < 2:
+            raise ValueError(f"num_stages: a cp.async pipeline needs >= 2 stages, got {self.num_stages}")
+        if self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"{self}: needs {self.smem_bytes} B of shared memory, limit {SMEM_LIMIT}")
+
+    @property
+    def warps_m(self) -> int:
+        return self.block_m // MMA_M
+
+    @property
+    def warps_n(self) -> int:
+        return (NUM_THREADS // 32) // self.warps_m
+
+    @property
+    def keys_per_warp(self) -> int:
+        return self.block_n // self.warps_n
+
+    @property
+    def elem_bytes(self) -> int:
+        return 2
+
+    @property
+    def kv_stage_bytes(self) -> int:
+        return 2 * self.block_n * self.head_dim * self.elem_bytes
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Epilogue scratch: every warp's fp32 [16, D] output and its row max / sum."""
+        return 4 * (self.warps_n * self.block_m * self.head_dim + 2 * self.warps_n * self.block_m)
+
+    @property
+    def smem_bytes(self) -> int:
+        q = self.block_m * self.head_dim * self.elem_bytes
+        # the epilogue scratch reuses the K/V ring once the pipeline has drained
+        return q + max(self.num_stages * self.kv_stage_bytes, self.reduce_bytes) + 1024
+
+    @property
+    def name(self) -> str:
+        return (f"split_{self.dtype}_d{self.head_dim}_m{self.block_m}_n{self.block_n}_s{self.num_stages}"
+                f"_{'paged' if self.paged else 'dense'}")
+
+
+@dataclass(frozen=True)
+class CombineConfig:
+    """One compiled combine kernel: one warp per output row (request, query head, token)."""
+
+    part_dtype: str
+    out_dtype: str
+    head_dim: int
+
+    def __post_init__(self):
+        if self.part_dtype not in PART_DTYPES:
+            raise ValueError(f"part_dtype: expected one of {PART_DTYPES}, got {self.part_dtype!r}")
+        if self.out_dtype not in DTYPES:
+            raise ValueError(f"out_dtype: expected one of {DTYPES}, got {self.out_dtype!r}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {self.head_dim}")
+
+    @property
+    def elems_per_lane(self) -> int:
+        return self.head_dim // 32
+
+    @property
+    def name(self) -> str:
+        return f"combine_{self.part_dtype}_to_{self.out_dtype}_d{self.head_dim}"
+
+
+# sm90 allows 227 KB of dynamic shared memory per block.
+SMEM_LIMIT = 227 * 1024
+
+
+def tile_for(head_dim: int) -> tuple[int, int]:
+    """(block_n, num_stages) of the split kernel at `head_dim`.
+
+    The lead may move this rule into heuristics.py (as cutlass_tile_config); it lives here until then.
+    Every stage holds K and V tiles of block_n x D (2 B each); the rule keeps a stage at 32 KB for
+    D <= 128 and 3 stages = 96 KB, so two blocks fit per SM (2 x ~100 KB of 228 KB) and each keeps
+    two stages (64 KB) in flight while it computes on the third: ~130 KB in flight per SM, far more
+    than the ~30 KB that covers HBM latency at 4.8 TB/s over 132 SMs. D = 256 needs
+    block_n >= 64 (16 keys per warp for the 4 key-split warps), so 64 KB stages, 2 of them.
+    Measured alternatives are recorded in split_kernel.py's header.
+    """
+    if head_dim == 64:
+        return 128, 3
+    if head_dim == 128:
+        return 64, 3
+    return 64, 2
+
+
+def split_config(dtype: str, head_dim: int, block_m: int, paged: bool) -> SplitConfig:
+    block_n, stages = tile_for(head_dim)
+    return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged)
+
+
+def split_variants() -> list[SplitConfig]:
+    """Every split kernel the backend can launch (block_m comes from the plan's tile)."""
+    return [split_config(dt, d, bm, paged) for dt in DTYPES for d in HEAD_DIMS for bm in BLOCK_MS
+            for paged in (False, True)]
+
+
+def combine_variants() -> list[CombineConfig]:
+    """Every combine kernel: fp32 partials from our split kernel, fp16/bf16 from merge_states users."""
+    return [CombineConfig(p, o, d) for p in PART_DTYPES for o in DTYPES for d in HEAD_DIMS]

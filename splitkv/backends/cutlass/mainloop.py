@@ -1,0 +1,81 @@
+"""One warp's work on one K/V tile: S = Q K^T (mma.sync), mask, online softmax, O += P V.
+
+The warp owns 16 query rows (sQ_w, [16, D]) and `keys_per_warp` keys of each stage
+(sK_w / sV_w, [keys_per_warp, D]); operands go smem -> registers with ldmatrix (V transposed by
+ldmatrix.trans), one k-block ahead of the MMA that uses them.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from . import layouts
+from .config import MMA_M
+
+
+class WarpAttention:
+    def __init__(self, dtype, head_dim: int, keys_per_warp: int, lane: Int32, sQ_w):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.keys = keys_per_warp
+        self.tiled_mma = layouts.warp_mma(dtype)
+        self.thr_mma = self.tiled_mma.get_slice(lane)
+        self.copy_q = cute.make_tiled_copy_A(layouts.ldmatrix(dtype, False), self.tiled_mma).get_slice(lane)
+        self.copy_k = cute.make_tiled_copy_B(layouts.ldmatrix(dtype, False), self.tiled_mma).get_slice(lane)
+        self.copy_v = cute.make_tiled_copy_B(layouts.ldmatrix(dtype, True), self.tiled_mma).get_slice(lane)
+        self.tSrQ = self.thr_mma.make_fragment_A(self.thr_mma.partition_A(sQ_w))
+        self.tSsQ = self.copy_q.partition_S(sQ_w)
+        self.tSrQ_view = self.copy_q.retile(self.tSrQ)
+        self.acc_o = cute.make_rmem_tensor(self.thr_mma.partition_shape_C((MMA_M, head_dim)), Float32)
+        self.acc_o.fill(0.0)
+        # (row, key) coordinates, within the warp's [16, keys_per_warp] score tile, of each
+        # accumulator value this thread holds
+        self.s_coords = layouts.mn_view(self.thr_mma.partition_C(cute.make_identity_tensor((MMA_M, keys_per_warp))))
+        self.o_coords = layouts.mn_view(self.thr_mma.partition_C(cute.make_identity_tensor((MMA_M, head_dim))))
+
+    @cute.jit
+    def scores(self, sK_w):
+        """S [16, keys_per_warp] = Q_w K_w^T in fp32."""
+        tSrK = self.thr_mma.make_fragment_B(self.thr_mma.partition_B(sK_w))
+        tSsK = self.copy_k.partition_S(sK_w)
+        tSrK_view = self.copy_k.retile(tSrK)
+        acc_s = cute.make_rmem_tensor(self.thr_mma.partition_shape_C((MMA_M, self.keys)), Float32)
+        acc_s.fill(0.0)
+        num_k = cute.size(self.tSsQ.shape[2])
+        cute.copy(self.copy_q, self.tSsQ[None, None, 0], self.tSrQ_view[None, None, 0])
+        cute.copy(self.copy_k, tSsK[None, None, 0], tSrK_view[None, None, 0])
+        for k in cutlass.range_constexpr(num_k):
+            if cutlass.const_expr(k + 1 < num_k):  # fetch the next k-block while this one multiplies
+                cute.copy(self.copy_q, self.tSsQ[None, None, k + 1], self.tSrQ_view[None, None, k + 1])
+                cute.copy(self.copy_k, tSsK[None, None, k + 1], tSrK_view[None, None, k + 1])
+            cute.gemm(self.tiled_mma, acc_s, self.tSrQ[None, None, k], tSrK[None, None, k], acc_s)
+        return acc_s
+
+    @cute.jit
+    def mask(self, acc_s, key0: Int32, row_limit):
+        """-inf where key0 + key >= row_limit[r] (split end, and for causal the row's position + 1)."""
+        s_mn = layouts.mn_view(acc_s)
+        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+            lim = row_limit[r] - key0
+            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                if self.s_coords[r, c][1] >= lim:
+                    s_mn[r, c] = -Float32.inf
+
+    @cute.jit
+    def accumulate(self, acc_s, sV_w):
+        """O_w += P V_w, with P = acc_s (probabilities) rounded to the input dtype."""
+        p = cute.make_fragment_like(acc_s, self.dtype)
+        p.store(acc_s.load().to(self.dtype))
+        tOrP = layouts.as_a_operand(p)
+        sVt = layouts.transposed(sV_w, self.keys, self.head_dim)
+        tOrV = self.thr_mma.make_fragment_B(self.thr_mma.partition_B(sVt))
+        tOsV = self.copy_v.partition_S(sVt)
+        tOrV_view = self.copy_v.retile(tOrV)
+        num_k = cute.size(tOrP.shape[2])
+        cute.copy(self.copy_v, tOsV[None, None, 0], tOrV_view[None, None, 0])
+        for k in cutlass.range_constexpr(num_k):
+            if cutlass.const_expr(k + 1 < num_k):
+                cute.copy(self.copy_v, tOsV[None, None, k + 1], tOrV_view[None, None, k + 1])
+            cute.gemm(self.tiled_mma, self.acc_o, tOrP[None, None, k], tOrV[None, None, k], self.acc_o)

@@ -1,0 +1,107 @@
+"""Row addressing and cp.async tile loads of the split kernel: query rows, and key/value rows of a
+contiguous [B, Lmax, Hkv, D] or paged [P, page_size, Hkv, D] cache.
+
+Addresses are 64-bit byte addresses computed per row (one row = D contiguous elements, 16-byte
+aligned), so any page size works: key n of request b sits on page block_table[b, n // page_size]
+at row n % page_size. Table entries are read only for keys < end, so entries past a request's
+last page (garbage) are never used, and cache rows past the split's end are never loaded (NaN in
+unused slots cannot reach the output). Rows that are not loaded are zero-filled in shared memory,
+because P @ V multiplies them by p = 0 and 0 * NaN would poison the accumulator.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64, const_expr
+
+from .config import ELEMS_PER_COPY
+
+
+def gmem_vec(dtype, addr, n, align):
+    """A rank-1 gmem tensor of n elements at byte address addr."""
+    return cute.make_tensor(cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=align),
+                            cute.make_layout(n))
+
+
+class KVRows:
+    """Byte addresses of the K and V rows of one (request, KV head). Strides are in elements."""
+
+    def __init__(self, paged: bool, dtype, k_addr, v_addr, k_strides, v_strides, kvh, b,
+                 bt_addr, bt_stride, page_size):
+        self.paged = paged
+        self.dtype = dtype
+        self.nbytes = dtype.width // 8
+        self.k_addr, self.v_addr = k_addr, v_addr
+        self.k_sb, self.k_sn = k_strides[0], k_strides[1]
+        self.v_sb, self.v_sn = v_strides[0], v_strides[1]
+        # the head (and, contiguous, the request) part of the offset is fixed for the block
+        if const_expr(paged):
+            self.k_base = k_addr + Int64(kvh) * k_strides[2] * self.nbytes
+            self.v_base = v_addr + Int64(kvh) * v_strides[2] * self.nbytes
+            self.table = gmem_vec(Int32, bt_addr + Int64(b) * bt_stride * 4, 1 << 30, 4)
+            self.page_div = cute.FastDivmodDivisor(page_size)
+        else:
+            self.k_base = k_addr + (Int64(b) * k_strides[0] + Int64(kvh) * k_strides[2]) * self.nbytes
+            self.v_base = v_addr + (Int64(b) * v_strides[0] + Int64(kvh) * v_strides[2]) * self.nbytes
+
+    @cute.jit
+    def row_addrs(self, n: Int32):
+        """(K row address, V row address) of key n."""
+        k_off = Int64(0)
+        v_off = Int64(0)
+        if const_expr(self.paged):
+            page_idx, in_page = divmod(n, self.page_div)
+            page = Int64(self.table[page_idx])
+            k_off = page * self.k_sb + Int64(in_page) * self.k_sn
+            v_off = page * self.v_sb + Int64(in_page) * self.v_sn
+        else:
+            k_off = Int64(n) * self.k_sn
+            v_off = Int64(n) * self.v_sn
+        return self.k_base + k_off * self.nbytes, self.v_base + v_off * self.nbytes
+
+
+@cute.jit
+def copy_row(gcopy, dtype, addr, tXsX, tXcX, m: cutlass.Constexpr):
+    """cp.async this thread's 16-byte chunks of tile row m (all its column blocks) from addr."""
+    for k in cutlass.range_constexpr(cute.size(tXsX, mode=[2])):
+        dst = tXsX[None, m, k]
+        col = tXcX[0, m, k][1]
+        src = cute.make_tensor(
+            cute.make_ptr(dtype, addr + Int64(col) * (dtype.width // 8), cute.AddressSpace.gmem,
+                          assumed_align=2 * ELEMS_PER_COPY),
+            cute.make_layout(dst.shape))
+        cute.copy(gcopy, src, dst)
+
+
+@cute.jit
+def load_kv_tile(gcopy, kv: KVRows, tKsK, tVsV, tXcX, n0: Int32, end: Int32):
+    """Issue the cp.async of keys [n0, n0 + block_n) of K and V into one pipeline stage; rows at or
+    past `end` are zero-filled instead."""
+    for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
+        n = n0 + tXcX[0, m, 0][0]
+        if n < end:
+            k_row, v_row = kv.row_addrs(n)
+            copy_row(gcopy, kv.dtype, k_row, tKsK, tXcX, m)
+            copy_row(gcopy, kv.dtype, v_row, tVsV, tXcX, m)
+        else:
+            tKsK[None, m, None].fill(0)
+            tVsV[None, m, None].fill(0)
+
+
+@cute.jit
+def load_q_tile(gcopy, dtype, q_addr: Int64, q_strides, tQsQ, tQcQ, row0: Int32, num_rows: Int32,
+                group: Int32, b: Int32, kvh: Int32):
+    """cp.async the block's packed query rows: row r of the tile is packed row p = row0 + r, i.e.
+    token p // group of query head kvh * group + p % group; rows with p >= num_rows are zeros."""
+    nbytes = dtype.width // 8
+    for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+        p = row0 + tQcQ[0, m, 0][0]
+        if p < num_rows:
+            tok = p // group
+            head = kvh * group + p - tok * group
+            addr = q_addr + (Int64(b) * q_strides[0] + Int64(tok) * q_strides[1]
+                             + Int64(head) * q_strides[2]) * nbytes
+            copy_row(gcopy, dtype, addr, tQsQ, tQcQ, m)
+        else:
+            tQsQ[None, m, None].fill(0)

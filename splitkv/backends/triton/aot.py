@@ -1,0 +1,94 @@
+"""Ahead-of-time compile of the Triton kernels for a GPU target on a machine without one.
+
+Catches compile errors (and reports registers/spills) on the CPU: `python -m splitkv.backends.triton.aot`
+compiles every split/combine variant the planner can pick, for sm_90. Must run without
+TRITON_INTERPRET (the interpreter replaces @triton.jit functions with Python ones).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+from ... import heuristics as H
+
+
+def _compile(fn, signature: dict, constexprs: dict, arch: int, num_warps: int, num_stages: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = dict(signature)
+    sig.update({k: "constexpr" for k in constexprs})
+    # what the JIT specialises at run time for real inputs: pointers and strides divisible by 16
+    # (without it no 16-byte vector loads, so the resource report would not match what runs)
+    div16 = {(fn.arg_names.index(k),): [["tt.divisibility", 16]]
+             for k, t in signature.items() if t.startswith("*") or (t == "i32" and k.startswith("s_"))}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+                    attrs=div16)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _resources(kernel, arch: int) -> dict:
+    """Registers / spill bytes from `ptxas -v` on the kernel's PTX (triton ships ptxas)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(kernel.asm["ptx"])
+    try:
+        res = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
+    return dict(regs=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else 0,
+                smem=kernel.metadata.shared)
+
+
+def split_variants():
+    """(constexprs, tile) for every head dim x packed-row class x paging x causal the plan can pick."""
+    for D, rows, paged, causal in itertools.product((64, 128, 256), (1, 4, 32, 256), (False, True), (False, True)):
+        if causal and rows == 1:
+            continue
+        tile = H.tile_config(D, rows)
+        G, SQ = (rows, 1) if rows <= 16 else (16, rows // 16)
+        yield dict(NUM_KV_HEADS=8, M_TILES=H.query_tiles(rows, tile.block_m), G=G, SQ=SQ, HEAD_DIM=D,
+                   BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
+                   CAUSAL=causal, UPCAST=False), tile
+
+
+def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> list[dict]:
+    from .combine_kernel import combine_kernel
+    from .split_kernel import split_kernel
+
+    ptr, f32 = f"*{dtype}", "*fp32"
+    rows = []
+    for cx, tile in split_variants():
+        sig = {n: "i32" for n in split_kernel.arg_names if n not in cx}
+        sig.update(Q=ptr, K=ptr, V=ptr, SEQLENS="*i32", NSPLITS="*i32", CHUNKS="*i32", BT="*i32",
+                   O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, scale_log2="fp32")
+        k = _compile(split_kernel, sig, cx, arch, tile.num_warps, tile.num_stages)
+        rows.append(dict(kernel="split", **{k_: v for k_, v in cx.items() if k_ not in ("UPCAST",)},
+                         **_resources(k, arch)))
+    for D in (64, 128, 256):
+        cx = dict(NUM_HEADS=32, T=1, HEAD_DIM=D, BLOCK_S=16, SKIP_SINGLE=True)
+        sig = {n: "i32" for n in combine_kernel.arg_names if n not in cx}
+        sig.update(O_PART=f32, LSE_PART=f32, NSPLITS="*i32", O=ptr, LSE=f32)
+        k = _compile(combine_kernel, sig, cx, arch, 4, 1)
+        rows.append(dict(kernel="combine", HEAD_DIM=D, **_resources(k, arch)))
+    if verbose:
+        for r in rows:
+            print(r)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if compile_all(arch=int(sys.argv[1]) if len(sys.argv) > 1 else 90) else 1)

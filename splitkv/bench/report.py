@@ -1,0 +1,204 @@
+"""Rows, derived columns and outputs: the rich terminal table, JSON and markdown.
+
+FIELDS is the row schema (documented with units in splitkv/bench/__init__.py; tests hold the two
+together). JSON: {"schema", "meta", "skipped_providers", "rows", "sweep"}.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCHEMA = "splitkv.bench/1"
+SOL_TBPS = 4.8  # H200 HBM3e spec bandwidth (PEERS.md); --sol-tbps for other GPUs
+ERR_WARN = 2e-2  # rel_err above this is flagged in the table (bf16 rows are ~1e-3)
+
+FIELDS = (
+    "shape", "provider", "kind", "status", "note", "dtype", "batch", "num_q_heads", "num_kv_heads",
+    "head_dim", "q_len", "causal", "page_size", "seqlen_max", "seqlen_total", "bytes",
+    "eager_us", "eager_reps", "graph_us", "graph_calls", "graph_replays",
+    "eager_tbps", "graph_tbps", "eager_pct_sol", "graph_pct_sol",
+    "eager_vs_best_peer", "graph_vs_best_peer", "best_peer_eager", "best_peer_graph",
+    "max_abs_err", "rel_err", "err_scope", "plan", "graph_plan", "cmd",
+)
+
+
+def new_row(shape, provider, dtype_name: str, elem_bytes: int, cmd: str) -> dict:
+    row = dict.fromkeys(FIELDS)
+    row.update(shape=shape.name, provider=provider.name, kind=provider.kind, status="ok", note="",
+               dtype=dtype_name, batch=shape.batch, num_q_heads=shape.num_q_heads,
+               num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, q_len=shape.q_len,
+               causal=shape.causal, page_size=shape.page_size, seqlen_max=shape.max_seqlen,
+               seqlen_total=sum(shape.seqlens), bytes=shape.bytes(elem_bytes), cmd=cmd)
+    return row
+
+
+def finalize(rows: list[dict], sol_tbps: float) -> None:
+    """Fill bandwidth, % of SOL and the ratio vs the best peer of the same shape and dtype."""
+    for r in rows:
+        for mode in ("eager", "graph"):
+            us = r[f"{mode}_us"]
+            tbps = r["bytes"] / us / 1e6 if us else None
+            r[f"{mode}_tbps"] = tbps
+            r[f"{mode}_pct_sol"] = 100.0 * tbps / sol_tbps if tbps else None
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["dtype"]), []).append(r)
+    for group in groups.values():
+        for mode in ("eager", "graph"):
+            peers = [r for r in group if r["kind"] == "peer" and r[f"{mode}_us"]]
+            best = min(peers, key=lambda r: r[f"{mode}_us"]) if peers else None
+            for r in group:
+                if best is not None and r[f"{mode}_us"]:
+                    r[f"{mode}_vs_best_peer"] = best[f"{mode}_us"] / r[f"{mode}_us"]
+                    r[f"best_peer_{mode}"] = best["provider"]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True)
+        return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def collect_meta(device: torch.device, argv: list[str], sol_tbps: float) -> dict:
+    from .. import __version__
+
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": "cpu", "num_sms": None, "driver": None, "cuda": torch.version.cuda, "cudnn": None,
+        "python": platform.python_version(), "torch": torch.__version__, "triton": _version("triton"),
+        "cutlass": _version("nvidia-cutlass-dsl"), "flashinfer": _version("flashinfer-python"),
+        "flash_attn": _version("flash-attn"), "splitkv": __version__,
+        "git_commit": _run(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "--short", "HEAD"]),
+        "sol_tbps": sol_tbps, "command": "python -m splitkv bench " + " ".join(argv),
+        "timing": ("eager: median of L2-flushed reps (do_bench method), plan made once outside the "
+                   "timed region; graph: CUDA graph of N calls over rotating buffers > 256 MB, per call"),
+        "byte_model": "K+V of valid positions + q + o (splitkv.bench.shapes.byte_model)",
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        meta.update(device=props.name, num_sms=props.multi_processor_count,
+                    driver=_run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+                    cudnn=torch.backends.cudnn.version())
+    else:
+        meta["device"] = f"cpu ({platform.processor() or platform.machine()})"
+    return meta
+
+
+def write_json(path, meta: dict, skipped, rows: list[dict], sweep: list[dict] | None = None) -> None:
+    doc = {"schema": SCHEMA, "meta": meta,
+           "skipped_providers": [{"provider": n, "reason": r} for n, r in skipped],
+           "rows": rows, "sweep": sweep or []}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1, allow_nan=True))
+
+
+def _f(x, fmt: str, empty: str = "—") -> str:
+    return empty if x is None else format(x, fmt)
+
+
+def headline_mode(rows: list[dict]) -> str:
+    return "graph" if any(r["graph_us"] for r in rows) else "eager"
+
+
+def _cells(r: dict, mode: str) -> list[str]:
+    if r["status"] != "ok":
+        return [r["status"]] + ["—"] * 5
+    err = "nan" if r["max_abs_err"] != r["max_abs_err"] else _f(r["max_abs_err"], ".1e")
+    return [_f(r["eager_us"], ".1f"), _f(r["graph_us"], ".1f"), _f(r[f"{mode}_tbps"], ".2f"),
+            _f(r[f"{mode}_pct_sol"], ".0f"), _f(r[f"{mode}_vs_best_peer"], ".2f"), err]
+
+
+def write_markdown(path, meta: dict, skipped, rows: list[dict], sweep: list[dict] | None = None) -> None:
+    mode = headline_mode(rows)
+    lines = [f"# splitkv bench — {meta['device']}", "",
+             f"{meta['date']} · driver {meta['driver']} · CUDA {meta['cuda']} · torch {meta['torch']} · "
+             f"triton {meta['triton']} · cutlass-dsl {meta['cutlass']} · flashinfer {meta['flashinfer']} · "
+             f"splitkv {meta['splitkv']} ({meta['git_commit']})", "",
+             f"Command: `{meta['command']}`", "", f"Timing: {meta['timing']}.", "",
+             f"Bytes: {meta['byte_model']}; SOL = {meta['sol_tbps']} TB/s. TB/s, %SOL and "
+             f"'× best peer' (best peer µs / this µs, > 1 = faster) use {mode} times.", ""]
+    if skipped:
+        lines += ["Skipped providers: " + "; ".join(f"{n} ({r})" for n, r in skipped), ""]
+    lines += ["| shape | dtype | provider | eager µs | graph µs | TB/s | %SOL | × best peer | max err | note | reproduce |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        note = r["note"] + (f" (err over {r['err_scope']})" if r["err_scope"] not in (None, "all") else "")
+        lines.append(f"| {r['shape']} | {r['dtype']} | {r['provider']} | " + " | ".join(_cells(r, mode))
+                     + f" | {note.replace('|', '/')} | `{r['cmd']}` |")
+    if sweep:
+        lines += ["", "## num_splits sweep (the planner's report card)", "",
+                  "| shape | mode | planner splits | planner µs | best splits | best µs | regret % |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in sweep:
+            lines.append(f"| {s['shape']} | {s['mode']} | {s['planner_splits']} | {_f(s['planner_us'], '.1f')} | "
+                         f"{s['best_splits']} | {_f(s['best_us'], '.1f')} | {_f(s['regret_pct'], '.1f')} |")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def print_table(console, rows: list[dict], skipped, explain: bool = False) -> None:
+    from rich.table import Table
+
+    mode = headline_mode(rows)
+    table = Table(title=f"splitkv bench (TB/s, %SOL, × best peer from {mode} times)", show_lines=False)
+    for col in ("shape", "dtype", "provider", "eager µs", "graph µs", "TB/s", "%SOL", "× best peer",
+                "max err", "note"):
+        table.add_column(col, justify="left" if col in ("shape", "provider", "note", "dtype") else "right",
+                         overflow="fold")
+    last = None
+    for r in rows:
+        cells = _cells(r, mode)
+        ratio = r[f"{mode}_vs_best_peer"]
+        if r["kind"] == "splitkv" and ratio is not None:
+            cells[4] = f"[{'green' if ratio >= 1 else 'red'}]{cells[4]}[/]"
+        if r["rel_err"] is not None and not (r["rel_err"] <= ERR_WARN):
+            cells[5] = f"[red]{cells[5]}[/]"
+        name = r["shape"] if r["shape"] != last else ""
+        last = r["shape"]
+        prov = f"[bold]{r['provider']}[/]" if r["kind"] == "splitkv" else r["provider"]
+        table.add_row(name, r["dtype"], prov, *cells, r["note"] or "", end_section=False)
+    console.print(table)
+    if skipped:
+        console.print("skipped (not available here): " + "; ".join(f"{n} ({why})" for n, why in skipped))
+    console.print("reproduce a row: python -m splitkv bench --suite SUITE --shapes SHAPE --providers PROVIDER "
+                  "(each row's exact command is in --json / --markdown)")
+    if explain:
+        for r in rows:
+            if r["plan"] or r["graph_plan"]:
+                console.print(f"[bold]{r['shape']} {r['provider']}[/]\n  eager: {r['plan']}\n  graph: {r['graph_plan']}"
+                              f"\n  cmd:   {r['cmd']}", highlight=False)
+
+
+def print_sweep(console, sweep: list[dict]) -> None:
+    from rich.table import Table
+
+    table = Table(title="num_splits sweep: planner's pick vs best measured")
+    for col in ("shape", "mode", "planner splits", "planner µs", "best splits", "best µs", "regret %"):
+        table.add_column(col, justify="left" if col in ("shape", "mode") else "right")
+    for s in sweep:
+        regret = s["regret_pct"]
+        color = "green" if regret is not None and regret <= 5 else "red"
+        table.add_row(s["shape"], s["mode"], str(s["planner_splits"]), _f(s["planner_us"], ".1f"),
+                      str(s["best_splits"]), _f(s["best_us"], ".1f"), f"[{color}]{_f(regret, '.1f')}[/]")
+    console.print(table)
+
+
+def argv_str(argv) -> str:
+    return " ".join(argv if argv is not None else sys.argv[1:])

@@ -1,0 +1,175 @@
+"""Benchmark suites: named decode problems and the byte model. No tensors here (inputs.py builds them).
+
+Suites
+  peers  the ../shared/PEERS.md grid: B 1/4/16/64 x L 4K/32K/128K x Hq/Hkv 32/32, 32/8, 64/8, D 128,
+         minus the combinations whose K+V exceed KV_CAP_BYTES (the same cut PEERS.md made).
+  full   (default) peers + paged page_size 16 (the FlashInfer rows of PEERS.md), Sq=4 causal
+         (speculative verify), two ragged batches (lengths spread 1K-128K, contiguous and paged) and
+         head-dim 64 / 256 spot checks.
+  quick  tiny shapes that run on a CPU in seconds (tests, smoke runs); same kinds of rows.
+
+Names are stable (rows are reproduced with `--shapes NAME`):
+  b{B}-l{L}-h{Hq}x{Hkv}-d{D}[-sq{Sq}][-paged{page_size}], ragged: b{B}-ragged{Lmin}-{Lmax}-...
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+# PEERS.md stops at 8 GiB of bf16 K+V (B=16 x 128K x 8 heads): a bigger cache plus the SDPA layout
+# copy and the fp64 reference would not fit comfortably in 141 GB, and each such row costs ~10 ms
+# per call, which the default ~4-minute budget cannot afford across every provider.
+KV_CAP_BYTES = 8 * 2**30
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    seqlens: tuple[int, ...]  # valid keys per request, the q_len new ones included
+    q_len: int = 1
+    causal: bool = True
+    page_size: int | None = None  # None: contiguous cache [B, Lmax, Hkv, D]
+    tags: tuple[str, ...] = ()  # "grid" rows feed the bandwidth plot
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size is not None
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(self.seqlens)
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.seqlens)) == 1
+
+    def bytes(self, elem_bytes: int) -> int:
+        return byte_model(self.seqlens, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len,
+                          elem_bytes)
+
+    def kv_bytes(self, elem_bytes: int) -> int:
+        return 2 * sum(self.seqlens) * self.num_kv_heads * self.head_dim * elem_bytes
+
+
+def byte_model(seqlens, num_q_heads: int, num_kv_heads: int, head_dim: int, q_len: int,
+               elem_bytes: int) -> int:
+    """Bytes a decode step must move at least: the useful traffic that effective TB/s divides.
+
+        K + V of the valid positions: 2 * sum(seqlens) * Hkv * D * elem_bytes  (read once each)
+        q and o:                      2 * B * Sq * Hq * D * elem_bytes          (read q, write o)
+
+    Not counted: split partials and their combine (our overhead, not work), lse, block tables and
+    lengths (a few bytes per page), positions a provider reads past the valid length, and for
+    Sq > 1 the causal mask (every valid key is still read once). The same model is used for every
+    provider, so TB/s compares time for the same work.
+    """
+    batch = len(seqlens)
+    kv = 2 * sum(int(L) for L in seqlens) * num_kv_heads * head_dim * elem_bytes
+    qo = 2 * batch * q_len * num_q_heads * head_dim * elem_bytes
+    return kv + qo
+
+
+def fmt_len(L: int) -> str:
+    return f"{L // 1024}k" if L % 1024 == 0 else str(L)
+
+
+def make_shape(B: int, L, Hq: int, Hkv: int, D: int = 128, *, q_len: int = 1, page_size=None,
+               tags=()) -> Shape:
+    """One shape; L is an int (uniform batch) or a sequence of per-request lengths (ragged)."""
+    if isinstance(L, int):
+        seqlens, length = (L,) * B, f"l{fmt_len(L)}"
+    else:
+        seqlens = tuple(int(x) for x in L)
+        if len(seqlens) != B:
+            raise ValueError(f"L: expected {B} lengths, got {len(seqlens)}")
+        length = f"ragged{fmt_len(min(seqlens))}-{fmt_len(max(seqlens))}"
+    name = f"b{B}-{length}-h{Hq}x{Hkv}-d{D}"
+    if q_len > 1:
+        name += f"-sq{q_len}"
+    if page_size is not None:
+        name += f"-paged{page_size}"
+    return Shape(name, B, Hq, Hkv, D, seqlens, q_len, True, page_size, tuple(tags))
+
+
+def spread_lengths(batch: int, lo: int, hi: int) -> tuple[int, ...]:
+    """`batch` lengths spaced geometrically from lo to hi (odd values on purpose: partial pages),
+    interleaved long/short so neighbouring requests differ."""
+    if batch == 1:
+        return (hi,)
+    geo = [round(lo * (hi / lo) ** (i / (batch - 1))) for i in range(batch)]
+    out = []
+    for i in range(batch):  # 0, -1, 1, -2, ...: long and short requests alternate
+        out.append(geo[i // 2] if i % 2 == 0 else geo[-(i // 2) - 1])
+    return tuple(out)
+
+
+GRID_HEADS = ((32, 32), (32, 8), (64, 8))
+GRID_BATCH = (1, 4, 16, 64)
+GRID_LEN = (4096, 32768, 131072)
+
+
+def peers_suite() -> list[Shape]:
+    out = []
+    for Hq, Hkv in GRID_HEADS:
+        for B in GRID_BATCH:
+            for L in GRID_LEN:
+                s = make_shape(B, L, Hq, Hkv, tags=("grid",))
+                if s.kv_bytes(2) <= KV_CAP_BYTES:
+                    out.append(s)
+    return out
+
+
+def full_suite() -> list[Shape]:
+    out = peers_suite()
+    # paged: the FlashInfer rows of PEERS.md, so the paged peer is compared where it was measured
+    for B, L, Hq, Hkv in ((1, 4096, 32, 8), (1, 32768, 32, 8), (1, 131072, 32, 8), (4, 32768, 32, 8),
+                          (16, 131072, 32, 8), (1, 4096, 32, 32), (1, 131072, 32, 32), (16, 32768, 32, 32)):
+        out.append(make_shape(B, L, Hq, Hkv, page_size=16, tags=("paged",)))
+    for B, L, Hq, Hkv in ((1, 32768, 32, 8), (16, 4096, 32, 8), (1, 131072, 64, 8)):
+        out.append(make_shape(B, L, Hq, Hkv, q_len=4, tags=("spec",)))
+    ragged = spread_lengths(16, 1024, 131072)
+    out.append(make_shape(16, ragged, 32, 8, tags=("ragged",)))
+    out.append(make_shape(16, ragged, 32, 8, page_size=16, tags=("ragged", "paged")))
+    for B, L, Hq, Hkv, D in ((1, 32768, 32, 8, 64), (16, 4096, 32, 32, 64), (1, 32768, 32, 8, 256),
+                             (16, 4096, 32, 32, 256)):
+        out.append(make_shape(B, L, Hq, Hkv, D, tags=("headdim",)))
+    return out
+
+
+def quick_suite() -> list[Shape]:
+    out = [make_shape(B, L, 4, 2, 64, tags=("grid",)) for B in (1, 2) for L in (256, 1024)]
+    out.append(make_shape(2, 300, 4, 1, 64, page_size=16, tags=("paged",)))
+    out.append(make_shape(2, 200, 8, 2, 64, q_len=4, tags=("spec",)))
+    out.append(make_shape(3, (17, 401, 130), 4, 1, 64, tags=("ragged",)))
+    return out
+
+
+SUITES = {"full": full_suite, "peers": peers_suite, "quick": quick_suite}
+
+# --num-splits sweep runs on these (globs): where the planner decides something (B x Hkv below the
+# SM count) and a wrong split count costs the most — small batch, GQA, long context.
+SWEEP_DEFAULT = {
+    "full": ("b1-l4k-h32x8-d128", "b1-l32k-h32x8-d128", "b1-l128k-h32x8-d128", "b4-l32k-h32x8-d128",
+             "b1-l128k-h32x32-d128", "b1-l32k-h64x8-d128"),
+    "quick": ("b1-l1k-h4x2-d64",),
+}
+SWEEP_DEFAULT["peers"] = SWEEP_DEFAULT["full"]
+
+
+def suite(name: str) -> list[Shape]:
+    if name not in SUITES:
+        raise ValueError(f"suite: expected one of {tuple(SUITES)}, got {name!r}")
+    return SUITES[name]()
+
+
+def select(shapes: list[Shape], patterns: str | None) -> list[Shape]:
+    """Shapes whose name matches any comma-separated glob (an exact name is a glob too)."""
+    if not patterns:
+        return list(shapes)
+    pats = [p.strip() for p in patterns.split(",") if p.strip()]
+    return [s for s in shapes if any(fnmatch.fnmatchcase(s.name, p) for p in pats)]

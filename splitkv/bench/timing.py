@@ -1,0 +1,115 @@
+"""Timers: eager (L2 flushed) and CUDA-graph replay (launch gaps removed). Times in microseconds.
+
+Eager follows triton.testing.do_bench's method, with the repetition count capped explicitly: a
+256 MB memset evicts the L2 before every repetition, CUDA events bracket only the call, and the
+median is reported. The count adapts so one measurement takes about TARGET_MS (at least
+MIN_REPS, at most the caller's cap). On a CPU the same loop runs with perf_counter and no flush.
+
+Graph: N calls are captured in one CUDA graph, cycling over rotating tensor sets whose total size
+exceeds the L2 several times (inputs.ROTATION_BYTES), so each call reads cold K/V without a flush;
+the graph is replayed and timed with CUDA events; per call = median replay time / N.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+L2_FLUSH_BYTES = 256 * 2**20  # do_bench's cache-clearing buffer: 5x the H200's 50 MB L2
+TARGET_MS = 30.0  # time one measurement aims for; keeps the default suite within ~4 minutes
+MIN_REPS = 3
+MIN_GRAPH_CALLS = 4  # calls per graph when one rotation set alone exceeds ROTATION_BYTES
+
+_FLUSH: dict[int | None, torch.Tensor] = {}
+
+
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    key = device.index
+    if key not in _FLUSH:
+        _FLUSH[key] = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    return _FLUSH[key]
+
+
+def _reps(est_ms: float, cap: int) -> int:
+    n = int(TARGET_MS / max(est_ms, 1e-3))
+    return max(min(n, cap), min(MIN_REPS, cap), 1)
+
+
+def time_eager(fn, device: torch.device, reps: int) -> tuple[float, int]:
+    """(median us, repetitions) of fn() with the L2 flushed before each call."""
+    if device.type != "cuda":
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        n = _reps((time.perf_counter() - t0) * 1e3, reps)
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times), n
+    cache = _flush_buffer(device)
+    fn()
+    torch.cuda.synchronize(device)
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(2):
+        cache.zero_()
+        fn()
+    t1.record()
+    torch.cuda.synchronize(device)
+    n = _reps(t0.elapsed_time(t1) / 2, reps)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        cache.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3, n
+
+
+def graph_calls(rotation: int) -> int:
+    """Calls per graph: every rotation set at least once, and at least MIN_GRAPH_CALLS."""
+    per = -(-MIN_GRAPH_CALLS // rotation)
+    return rotation * per
+
+
+def time_graph(fns, device: torch.device, reps: int) -> tuple[float, int, int]:
+    """(median us per call, calls per graph, replays) of a CUDA graph of calls over fns (one per
+    rotation set). Raises if the calls cannot be captured."""
+    calls = graph_calls(len(fns))
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graph requires
+        for f in fns:
+            f()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fns[i % len(fns)]()
+        graph.replay()
+        torch.cuda.synchronize(device)
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        graph.replay()
+        t1.record()
+        torch.cuda.synchronize(device)
+        n = _reps(t0.elapsed_time(t1), reps)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            starts[i].record()
+            graph.replay()
+            ends[i].record()
+        torch.cuda.synchronize(device)
+        per_replay = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+        return per_replay * 1e3 / calls, calls, n
+    finally:
+        del graph
