@@ -19,3 +19,5 @@ if has bench; then
   python -m splitkv bench ${BENCH_ARGS:-} --json "$OUT/bench.json" --markdown "$OUT/bench.md" --plot "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -80
 fi
 if has cutlass; then python benchmarks/gpu_cutlass.py --out "$OUT" 2>&1 | tee "$OUT/cutlass.log" | tail -60; fi
+if has host; then python benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log" | tail -20; fi
+if has graphtune; then python benchmarks/triton_tune.py --graph-only --out "$OUT" 2>&1 | tee "$OUT/graphtune.log" | grep GRAPH; fi

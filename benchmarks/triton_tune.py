@@ -126,11 +126,17 @@ def graph_rows(B, Hq, Hkv, L, D=128, dt=torch.bfloat16):
     vs = [torch.randn_like(k) for k in ks]
     sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
     out = torch.empty_like(qs[0])
-    p = splitkv.plan(sl, Hq, Hkv, D, max_seqlen=L)
     rows = []
-    us = graph_us(lambda i: (lambda: splitkv.decode(qs[i], ks[i], vs[i], sl, plan=p, out=out, backend="triton")), n)
-    rows.append(dict(B=B, Hq=Hq, Hkv=Hkv, L=L, provider="triton graph", us=round(us, 2),
-                     tbps=round(kv_bytes / us / 1e6, 3)))
+    for tile in TILES:
+        for bps in ((1, 2, 4) if tile == TILES[0] else (2,)):
+            old, H.BLOCKS_PER_SM = H.BLOCKS_PER_SM, bps
+            p = splitkv.plan(sl, Hq, Hkv, D, max_seqlen=L)
+            H.BLOCKS_PER_SM = old
+            p.tile = H.TileConfig(p.tile.block_m, *tile)
+            us = graph_us(lambda i, p=p: (lambda: splitkv.decode(qs[i], ks[i], vs[i], sl, plan=p, out=out,
+                                                                 backend="triton")), n)
+            rows.append(dict(B=B, Hq=Hq, Hkv=Hkv, L=L, provider=f"triton graph n{tile[0]} w{tile[1]} s{tile[2]} bps{bps}",
+                             us=round(us, 2), tbps=round(kv_bytes / us / 1e6, 3), splits=p.max_splits))
     khs = [k.transpose(1, 2) for k in ks]
     vhs = [v.transpose(1, 2) for v in vs]
     for which in ("cudnn", "flash"):
@@ -141,7 +147,8 @@ def graph_rows(B, Hq, Hkv, L, D=128, dt=torch.bfloat16):
         except Exception as e:  # noqa: BLE001
             print(f"  graph sdpa_{which} failed: {type(e).__name__}: {str(e)[:160]}")
     for r in rows:
-        print(f"GRAPH B={B} {Hq}/{Hkv} L={L} {r['provider']:20s} {r['us']:8.1f} us {r['tbps']:.2f} TB/s", flush=True)
+        print(f"GRAPH B={B} {Hq}/{Hkv} L={L} {r['provider']:34s} {r['us']:8.1f} us {r['tbps']:.2f} TB/s "
+              f"splits={r.get('splits')}", flush=True)
     return rows
 
 
@@ -149,14 +156,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--graph-only", action="store_true")
+    ap.add_argument("--graph-quick", action="store_true")
     a = ap.parse_args()
     shapes = PEERS[:2] if a.quick else PEERS
     t0 = time.time()
     rows = []
-    for s in shapes:
+    for s in [] if a.graph_only else shapes:
         rows += shape_rows(*s)
         torch.cuda.empty_cache()
-    for s in [(1, 32, 8, 4096), (1, 64, 8, 4096), (4, 32, 8, 4096), (1, 32, 8, 32768)]:
+    for s in [(1, 32, 8, 4096), (1, 64, 8, 4096), (4, 32, 8, 4096), (1, 32, 8, 32768), (1, 32, 32, 4096),
+              (1, 32, 32, 32768), (16, 32, 32, 4096)][: 2 if a.graph_quick else None]:
         rows += graph_rows(*s)
         torch.cuda.empty_cache()
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,

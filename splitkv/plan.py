@@ -51,6 +51,7 @@ class DecodePlan:
     chunk_len: int | None = None  # the batch-wide chunk of auto plans (None when forced)
     forced: int | None = None
     _own_ws: torch.Tensor | None = field(default=None, repr=False)
+    _parts: tuple = field(default=(None, None, None), repr=False)  # (buffer, o_part, lse_part)
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -63,7 +64,9 @@ class DecodePlan:
         o_shape, lse_shape, nbytes = W.partial_sizes(self.max_splits, self.batch, self.num_q_heads,
                                                      self.q_len, self.head_dim)
         buf = self._own_ws if self._own_ws is not None else W.shared_buffer(nbytes, self.device)
-        return W.carve(buf, o_shape, lse_shape)
+        if self._parts[0] is not buf:  # carve once per buffer: views cost host time on every call
+            self._parts = (buf, *W.carve(buf, o_shape, lse_shape))
+        return self._parts[1], self._parts[2]
 
     def refresh(self, cache_seqlens: torch.Tensor) -> None:
         """Graph-safe plans: recompute num_splits from device lengths, in place (capturable)."""

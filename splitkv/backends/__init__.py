@@ -5,6 +5,7 @@ and decides nothing about splitting: the plan says what to run."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -22,9 +23,16 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+@functools.lru_cache(maxsize=None)
 def cutlass_available() -> bool:
-    return importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec(
-        "splitkv.backends.cutlass") is not None
+    """nvidia-cutlass-dsl importable and our CuTe backend module complete (exposes run)."""
+    if importlib.util.find_spec("cutlass") is None:
+        return False
+    try:
+        mod = importlib.import_module("splitkv.backends.cutlass")
+    except Exception:  # noqa: BLE001 - a broken DSL install means: not available
+        return False
+    return callable(getattr(mod, "run", None))
 
 
 def resolve(backend: str, device: torch.device) -> str:
