@@ -114,7 +114,6 @@ def shape_rows(B, Hq, Hkv, L, D=128, dt=torch.bfloat16):
         o = splitkv.decode(q, kn, vn, sl, plan=p, backend="triton")
         row(f"triton blocks_per_sm={bps}", bench(lambda: splitkv.decode(q, kn, vn, sl, plan=p, backend="triton")),
             o, dict(splits=p.num_splits_host[0]))
-    del kh, vh, kn, vn
     return rows
 
 

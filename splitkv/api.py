@@ -21,8 +21,9 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True,
     (natural log) when return_lse. A query that sees no key gets o = 0, lse = -inf.
 
     plan: from splitkv.plan(...), reused across layers; a graph-safe plan (max_seqlen=...) makes
-    this call capturable in a CUDA graph. Without a plan, decode plans from the actual lengths,
-    which reads cache_seqlens on the host.
+    this call capturable in a CUDA graph (call plan.refresh(cache_seqlens) once per step, inside
+    the graph too, to re-balance splits for new lengths; results are correct without it).
+    Without a plan, decode plans from the actual lengths, which reads cache_seqlens on the host.
     """
     if plan is None and torch.compiler.is_compiling():
         # under torch.compile the host read of cache_seqlens would break the graph: go through
@@ -62,7 +63,6 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         if num_splits is not None and num_splits != plan.forced:
             raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
         plan.check_matches(prob)
-        plan.refresh(cache_seqlens)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)
     o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(prob.batch, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=q.device)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import backends
 from .rope import RopeConfig, rope_tables, rotate
 
 BACKENDS = ("auto", "torch", "triton")
@@ -90,8 +91,7 @@ class PagedKVCache:
     for the writer. Such copies count towards the append's need of free pages.
 
     CacheFullError: append raises it, before changing anything, when fresh pages + copies exceed
-    the free pages; the cache is then exactly as before the call. free(sid) returns to the pool
-    the pages no other sequence holds.
+    the free pages. free(sid) returns to the pool the pages no other sequence holds.
 
     Continuous batching: sequences join (add_sequence, fork) and leave (free) between steps;
     batch(seq_ids) builds int32 tables for whichever set is active, in that order, on the cache's
@@ -99,9 +99,8 @@ class PagedKVCache:
     call (one host->device copy), so calling it for every layer of a step costs a comparison.
     Block-table entries past a sequence's last page are 0 (a valid id; decode never reads them).
 
-    append backend: "auto" = the Triton kernel on CUDA when triton is installed, else torch;
-    "triton" on CPU needs TRITON_INTERPRET=1 (tests). Not thread-safe; not CUDA-graph capturable
-    (it allocates on the host); the decode that reads batch()'s tensors is.
+    backend (append): decode's rule; "triton" = the Triton kernel (CUDA, or CPU under
+    TRITON_INTERPRET=1), "torch" = append_torch. Not thread-safe; not CUDA-graph capturable.
     """
 
     def __init__(self, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, *,
@@ -123,33 +122,24 @@ class PagedKVCache:
         shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
         self._k = torch.empty(shape, dtype=dtype, device=self.device)
         self._v = torch.empty(shape, dtype=dtype, device=self.device)
+        self.device = self._k.device  # "cuda" -> "cuda:0": k/v device checks compare equal
         self._free = list(range(num_pages - 1, -1, -1))  # a stack: pages 0, 1, 2, ... go out first
         self._ref = [0] * num_pages
         self._seqs: dict[int, _Seq] = {}
         self._next_id = 0
-        self._page_version = 0  # bumped whenever a page list changes: keys batch()'s cache
-        self._batch_key = None
-        self._batch_val = None
+        self._version = 0  # bumped whenever a page list or refcount changes: keys the reuse below
+        self._write_key = self._write_meta = None  # the last append's plan (see append)
+        self._batch_key = self._batch_val = None
         self._tables: dict = {}  # (base, rotary_dim) -> (cos, sin) on device, grown on demand
         self._append = self._pick_append(backend)
 
     def _pick_append(self, backend: str):
-        import importlib.util
-        import os
+        # decode's rule (SPLITKV_BACKEND included); the Triton append serves every GPU backend
+        if backends.resolve(backend, self.device) == "torch":
+            return append_torch
+        from .backends.triton.append_kernel import append_kv
 
-        has_triton = importlib.util.find_spec("triton") is not None
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" and has_triton else "torch"
-        if backend == "triton":
-            if not has_triton:
-                raise RuntimeError("backend: 'triton' requested but triton is not installed")
-            if self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-                raise ValueError(f"backend: 'triton' needs a CUDA device (got {self.device}); set "
-                                 "TRITON_INTERPRET=1 before importing triton to run it on the CPU")
-            from .backends.triton.append_kernel import append_kv
-
-            return append_kv
-        return append_torch
+        return append_kv
 
     # ---- read-only views -------------------------------------------------------------------
     def k_pages(self, layer: int = 0) -> torch.Tensor:
@@ -183,7 +173,9 @@ class PagedKVCache:
     def positions(self, seq_ids, num_tokens: int, layer: int = 0) -> torch.Tensor:
         """int64 [N, num_tokens] positions the next num_tokens of each sequence will take in layer
         `layer` (rotate q with splitkv.apply_rope at these before appending its K)."""
-        seqs = [self._seq(s, "seq_ids") for s in self._ids(seq_ids)]
+        if not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens: expected an int >= 0, got {num_tokens!r}")
+        seqs = self._lookup(self._ids(seq_ids))
         start = torch.tensor([s.lens[self._check_layer(layer)] for s in seqs], dtype=torch.int64)
         return (start[:, None] + torch.arange(num_tokens)).to(self.device)
 
@@ -203,6 +195,7 @@ class PagedKVCache:
         nid = self._next_id
         self._next_id += 1
         self._seqs[nid] = _Seq(lens=list(src.lens), pages=list(src.pages), _table=src._table)
+        self._version += 1
         return nid
 
     def free(self, sid: int) -> None:
@@ -213,6 +206,7 @@ class PagedKVCache:
             if self._ref[p] == 0:
                 self._free.append(p)
         del self._seqs[sid]
+        self._version += 1
 
     # ---- append ------------------------------------------------------------------------------
     def append(self, seq_ids, k: torch.Tensor, v: torch.Tensor, layer: int = 0, *,
@@ -225,7 +219,7 @@ class PagedKVCache:
         """
         ids = self._ids(seq_ids, unique=True)
         layer = self._check_layer(layer)
-        seqs = [self._seq(s, "seq_ids") for s in ids]
+        seqs = self._lookup(ids)
         counts = self._check_kv(k, v, len(ids), lengths)
         if rope is not None and not isinstance(rope, RopeConfig):
             raise TypeError(f"rope: expected None or a splitkv.RopeConfig, got {type(rope).__name__}")
@@ -235,9 +229,24 @@ class PagedKVCache:
         cos = sin = None
         if rope is not None:  # before any change: a too-short caller table raises here
             cos, sin = self._rope_tables(rope, max(a + n for a, n in zip(starts, counts, strict=True)))
-        grow, copies = self._plan_writes(seqs, counts, layer)
-        self._commit(seqs, grow, copies)
-        ps = self.page_size
+        key = (tuple(ids), tuple(counts), tuple(starts))
+        if self._write_key != key + (self._version,):
+            # Not the previous append's positions (layer 0 of a step, or after a fork/free):
+            # plan it. Otherwise (layers 1.. of a step) it needs no page and touches the same
+            # pages, all now held by their writer alone, so its device table is reused as is.
+            grow, copies = self._plan_writes(seqs, counts, layer)
+            self._commit(seqs, grow, copies)
+            self._write_meta = self._write_table(seqs, starts, counts)
+            self._write_key = key + (self._version,)
+        pages_t, starts_t, ntok_t = self._write_meta
+        self._append(self._k[layer], self._v[layer], k, v, pages_t, starts_t, ntok_t, cos, sin,
+                     neox=rope.neox if rope is not None else True)
+        for seq, n in zip(seqs, counts, strict=True):
+            seq.lens[layer] += n
+
+    def _write_table(self, seqs, starts, counts):
+        """Device (pages [N, W], starts [N], ntok [N]) int32 for the kernel; one host->device copy."""
+        ps, N = self.page_size, len(seqs)
         lo = [a // ps for a in starts]
         hi = [_cdiv(a + n, ps) if n else a // ps for a, n in zip(starts, counts, strict=True)]
         width = max(max(h - l for l, h in zip(lo, hi, strict=True)), 1)
@@ -245,12 +254,7 @@ class PagedKVCache:
         for seq, l, h in zip(seqs, lo, hi, strict=True):
             flat += seq.pages[l:h] + [0] * (width - (h - l))
         meta = torch.tensor(flat + starts + counts, dtype=torch.int32).to(self.device)
-        N = len(ids)
-        pages_t = meta[:N * width].view(N, width)
-        self._append(self._k[layer], self._v[layer], k, v, pages_t, meta[N * width:N * width + N],
-                     meta[N * width + N:], cos, sin, neox=rope.neox if rope is not None else True)
-        for seq, n in zip(seqs, counts, strict=True):
-            seq.lens[layer] += n
+        return meta[:N * width].view(N, width), meta[N * width:N * width + N], meta[N * width + N:]
 
     def _plan_writes(self, seqs, counts, layer):
         """Fresh pages per sequence, and the (sequence, page index) pairs to copy before writing;
@@ -289,8 +293,7 @@ class PagedKVCache:
                 self._ref[old[-1]] -= 1
                 seqs[i].pages[j] = p
                 seqs[i]._table = None
-            src = torch.tensor(old, device=self.device)
-            dst = torch.tensor(fresh, device=self.device)
+            src, dst = torch.tensor(old, device=self.device), torch.tensor(fresh, device=self.device)
             self._k[:, dst] = self._k[:, src]  # every layer: page p addresses all of them
             self._v[:, dst] = self._v[:, src]
         for seq, g in zip(seqs, grow, strict=True):
@@ -298,7 +301,7 @@ class PagedKVCache:
                 seq.pages += self._take(g)
                 seq._table = None
         if copies or any(grow):
-            self._page_version += 1
+            self._version += 1
 
     def _rope_tables(self, rope: RopeConfig, num_positions: int):
         if rope.cos is not None:
@@ -324,9 +327,9 @@ class PagedKVCache:
         the same tensors are returned again while nothing changed."""
         ids = tuple(self._ids(seq_ids))
         layer = self._check_layer(layer)
-        seqs = [self._seq(s, "seq_ids") for s in ids]
+        seqs = self._lookup(ids)
         lens = [s.lens[layer] for s in seqs]
-        key = (ids, tuple(lens), self._page_version, max_pages)
+        key = (ids, tuple(lens), self._version, max_pages)
         if key == self._batch_key:
             return self._batch_val
         width = max([len(s.pages) for s in seqs] + [1])
@@ -358,6 +361,11 @@ class PagedKVCache:
         if seq is None:
             raise ValueError(f"{name}: {sid!r} is not a sequence of this cache (never added, or freed)")
         return seq
+
+    def _lookup(self, ids) -> list[_Seq]:
+        if all(type(s) is int and s in self._seqs for s in ids):  # not bool: True == 1
+            return [self._seqs[s] for s in ids]
+        return [self._seq(s, "seq_ids") for s in ids]  # raises, naming the bad id
 
     @staticmethod
     def _ids(seq_ids, unique: bool = False) -> list:

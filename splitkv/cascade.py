@@ -65,8 +65,10 @@ def cascade_decode(q, prefix_k, prefix_v, prefix_len, suffix_k, suffix_v, suffix
     if Hkv < 1 or Hq % Hkv:
         raise ValueError(f"prefix_k: {Hkv} KV heads do not divide q's {Hq} query heads")
     G = Hq // Hkv
-    if causal and Sq > 1 and isinstance(suffix_seqlens, torch.Tensor) and suffix_seqlens.numel() \
-            and not torch.compiler.is_compiling() and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+    # a host read: skipped where it would break a traced graph or a CUDA-graph capture
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    host_ok = not torch.compiler.is_compiling() and not capturing
+    if causal and Sq > 1 and host_ok and isinstance(suffix_seqlens, torch.Tensor) and suffix_seqlens.numel():
         short = int(suffix_seqlens.min())
         if short < Sq:
             raise ValueError(f"suffix_seqlens: every suffix must hold the Sq = {Sq} new tokens (causal), "

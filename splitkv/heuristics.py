@@ -36,6 +36,11 @@ MAX_SPLITS = 128
 # accumulator (64 x D) is what fits in registers at D=256, so larger groups use several m-tiles.
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
 
+# Merge partials inside the split kernel (the last split block of a group to finish merges it, via
+# an atomic counter) instead of a second combine launch. A launch costs ~2-3 us of GPU time in a
+# graph and ~20 us of host time eagerly, which is most of a small decode (B=1 GQA 4K: 14 us).
+FUSED_COMBINE = True
+
 # Notional SM count when planning for a CPU tensor (torch backend): it runs all splits as one
 # vectorised batch, so splitting buys no parallelism; 16 keeps the padded work small while still
 # exercising the split/combine path that the GPU uses.
@@ -60,17 +65,24 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def tile_config(head_dim: int, rows: int) -> TileConfig:
+def tile_config(head_dim: int, rows: int, splitting: bool = True) -> TileConfig:
     """Tile shape for `rows` packed query rows (qhead_per_kvhead * q_len) at `head_dim`.
 
-    block_n 64 with 4 warps and 3 stages keeps 2 x 3 x 64 x D x 2 B of K/V in flight (96 KB at
-    D=128) — enough to cover HBM latency with two blocks per SM. At D=256 the tiles halve in keys
-    and warps double so the fp32 accumulator (block_m x 256) stays in registers.
+    Measured on the H200 (benchmarks/triton_tune.py, bf16, D=128, 2026-11-29):
+      * split plans (chunks of 256-8K keys): block_n 64, 4 warps, 3 stages was best or within 2%
+        (B=1 GQA 32/8 4K graph replay: 14.6 us vs 16.3 for block_n 128; 32K: 44.5 vs 50.1);
+      * unsplit plans (a whole long sequence per block): block_n 128, 4 warps, 3 stages streams
+        better (B=16 MHA 32K: 4.61 TB/s vs 3.97; B=64 GQA 32K: 4.62 vs 3.90; B=16 MHA 4K graph:
+        247 us vs 291), matching cuDNN.
+    At D=256 the key tile halves and warps double so the fp32 accumulator (block_m x 256) and the
+    K/V stages fit (not yet tuned on the GPU).
     """
     block_m = min(max(_next_pow2(rows), MIN_BLOCK_M), MAX_BLOCK_M)
     if head_dim >= 256:
         return TileConfig(block_m, 32, 8, 2)
-    return TileConfig(block_m, 64, 4, 3)
+    if splitting:
+        return TileConfig(block_m, 64, 4, 3)
+    return TileConfig(block_m, 128, 4, 3)
 
 
 def query_tiles(rows: int, block_m: int) -> int:

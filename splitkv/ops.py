@@ -9,10 +9,18 @@ and no host read of cache_seqlens inside the traced graph.
     splitkv::append   (k_pool!, v_pool!, k, v, pages, starts, ntok, cos?, sin?, neox, backend)
                        -> ()   (PagedKVCache's device write; pools mutated in place)
 
-CUDA graphs (torch.compile mode="reduce-overhead"): the decode op's eager path plans from the
-host values of cache_seqlens, which a stream capture forbids. While the current stream is
-capturing, the op plans for the cache's capacity instead (a graph-safe plan: split count computed
-on the device at replay), so the captured graph stays right when lengths change between replays.
+With the Triton / CUTLASS backends the decode op always plans for the cache's capacity (a
+graph-safe plan: chunk length and grid fixed from Lmax, or max_pages * page_size when paged; the
+per-request split counts computed on the device). Two reasons:
+  * no host read of cache_seqlens, so a compiled step never synchronises on it;
+  * mode="reduce-overhead": cudagraph trees run the step eagerly (warm-up) before capturing it,
+    and a Triton kernel must be compiled and loaded before a capture (cuModuleLoadData is not
+    permitted while a stream captures). A plan that depends only on shapes launches the very
+    kernel variants in warm-up that the capture records, and the captured graph stays right when
+    lengths change between replays.
+A forced num_splits then splits the capacity (chunk = ceil(capacity / num_splits)), so a request
+shorter than the capacity may use fewer splits than in eager decode; results agree to rounding.
+With the torch backend (the CPU) the op plans from the actual lengths, as eager decode does.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ def decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor
     from .plan import build_plan
 
     plan = None
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+    if backends.resolve(backend, q.device) != "torch":
         B, Sq, Hq, D = q.shape
         plan = build_plan(None, batch=B, num_q_heads=Hq, num_kv_heads=k_cache.shape[2], head_dim=D,
                           q_len=Sq, device=q.device, num_splits=num_splits,
@@ -75,8 +83,8 @@ def _combine_fake(o_part, lse_part, num_splits):
 
 
 @torch.library.custom_op("splitkv::append", mutates_args=("k_pool", "v_pool"))
-def append_op(k_pool: Tensor, v_pool: Tensor, k: Tensor, v: Tensor, pages: Tensor, starts: Tensor, ntok: Tensor,
-              cos: Tensor | None, sin: Tensor | None, neox: bool, backend: str) -> None:
+def append_op(k_pool: Tensor, v_pool: Tensor, k: Tensor, v: Tensor, pages: Tensor, starts: Tensor,
+              ntok: Tensor, cos: Tensor | None, sin: Tensor | None, neox: bool, backend: str) -> None:
     if backend == "triton":
         from .backends.triton.append_kernel import append_kv as write
     else:

@@ -51,6 +51,8 @@ class DecodePlan:
     chunk_len: int | None = None  # the batch-wide chunk of auto plans (None when forced)
     forced: int | None = None
     _own_ws: torch.Tensor | None = field(default=None, repr=False)
+    # int32 [B * Hkv * m_tiles] arrival counters of the fused combine; zero between launches
+    counters: torch.Tensor | None = field(default=None, repr=False)
     _parts: tuple = field(default=(None, None, None), repr=False)  # (buffer, o_part, lse_part)
 
     @property
@@ -69,7 +71,11 @@ class DecodePlan:
         return self._parts[1], self._parts[2]
 
     def refresh(self, cache_seqlens: torch.Tensor) -> None:
-        """Graph-safe plans: recompute num_splits from device lengths, in place (capturable)."""
+        """Graph-safe plans: recompute num_splits from device lengths, in place (capturable).
+
+        Call once per decode step (not per layer). Results never depend on it: a split whose
+        chunk starts past the request's length is empty (lse = -inf), and the last split always
+        runs on to the length, so stale counts only cost balance, not correctness."""
         if not self.graph_safe:
             return
         n = self.num_splits
@@ -90,7 +96,8 @@ class DecodePlan:
                 f"chunk={self.chunk_len} max_splits={self.max_splits} num_splits={splits}")
 
 
-def build_plan(lengths: list[int] | None, *, batch: int, num_q_heads: int, num_kv_heads: int,
+def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None = None, batch: int,
+               num_q_heads: int, num_kv_heads: int,
                head_dim: int, q_len: int, device, num_splits: int | None = None,
                max_seqlen: int | None = None, num_sms: int | None = None) -> DecodePlan:
     device = torch.device(device)
@@ -105,13 +112,17 @@ def build_plan(lengths: list[int] | None, *, batch: int, num_q_heads: int, num_k
                  H.choose_chunk_len(bound, num_kv_heads=num_kv_heads, m_tiles=m_tiles,
                                     block_n=tile.block_n, num_sms=sms))
         max_splits = H.splits_for_lengths([max_seqlen], chunk)[0]
+        tile = H.tile_config(head_dim, rows, splitting=max_splits > 1)
         plan = DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
                           max_splits, chunk, torch.ones(batch, dtype=torch.int32, device=device),
                           torch.full((batch,), chunk, dtype=torch.int32, device=device),
                           graph_safe=True, chunk_len=chunk, forced=num_splits)
+        if cache_seqlens is not None:
+            plan.refresh(cache_seqlens)
         if max_splits > 1:
             _, _, nbytes = W.partial_sizes(max_splits, batch, num_q_heads, q_len, head_dim)
             plan._own_ws = W.allocate(nbytes, device)
+            plan.counters = torch.zeros(batch * num_kv_heads * m_tiles, dtype=torch.int32, device=device)
         return plan
     if num_splits is not None:
         chunks = H.forced_chunk_lens(lengths, num_splits, tile.block_n)
@@ -120,11 +131,15 @@ def build_plan(lengths: list[int] | None, *, batch: int, num_q_heads: int, num_k
         chunk = H.choose_chunk_len(lengths, num_kv_heads=num_kv_heads, m_tiles=m_tiles,
                                    block_n=tile.block_n, num_sms=sms)
         splits, chunks = H.splits_for_lengths(lengths, chunk), [chunk] * batch
+    tile = H.tile_config(head_dim, rows, splitting=max(splits, default=1) > 1)
     host = torch.tensor(splits + chunks, dtype=torch.int32)
     dev = host.to(device, non_blocking=True) if device.type == "cuda" else host
+    max_splits = max(splits, default=1)
+    counters = (torch.zeros(batch * num_kv_heads * m_tiles, dtype=torch.int32, device=device)
+                if max_splits > 1 else None)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
-                      max(splits, default=1), max(chunks, default=1), dev[:batch], dev[batch:],
-                      num_splits_host=splits, chunk_len=chunk, forced=num_splits)
+                      max_splits, max(chunks, default=1), dev[:batch], dev[batch:],
+                      num_splits_host=splits, chunk_len=chunk, forced=num_splits, counters=counters)
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,
@@ -145,7 +160,7 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
     if max_seqlen is not None and max_seqlen < 1:
         raise ValueError(f"max_seqlen: expected a positive int, got {max_seqlen!r}")
     lengths = None if max_seqlen is not None else [int(x) for x in cache_seqlens.tolist()]
-    p = build_plan(lengths, batch=cache_seqlens.shape[0], num_q_heads=num_q_heads,
+    p = build_plan(lengths, cache_seqlens=cache_seqlens, batch=cache_seqlens.shape[0], num_q_heads=num_q_heads,
                    num_kv_heads=num_kv_heads, head_dim=head_dim, q_len=q_len,
                    device=cache_seqlens.device, num_splits=num_splits, max_seqlen=max_seqlen,
                    num_sms=num_sms)

@@ -152,7 +152,7 @@ class CacheMachine(RuleBasedStateMachine):
                     assert torch.equal(vv, torch.stack([r[1] for r in rows]))
 
 
-CacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None,
+CacheMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=25, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
 test_cache_against_model = CacheMachine.TestCase
 
@@ -204,6 +204,20 @@ def test_layers_share_pages_and_advance_separately():
     assert bt2 is bt0 and sl2 is sl0, "nothing changed: batch() must hand back the same tensors"
     assert c.batch([s], 1, max_pages=5)[0].tolist() == [[0, 1, 0, 0, 0]]
     assert c.positions([s], 2, 1).tolist() == [[5, 6]]
+
+
+def test_fork_between_layers_of_a_step_copies_before_the_next_layer_writes():
+    """Layer 1 repeats layer 0's positions, so append reuses layer 0's write plan; a fork in
+    between shares the page it targets, and the plan must be remade (copy, then write)."""
+    c = PagedKVCache(8, 4, HKV, D, num_layers=2, dtype=torch.float32, device="cpu")
+    a = c.add_sequence()
+    x = torch.randn(1, 2, HKV, D)
+    c.append([a], x, x, 0)
+    f = c.fork(a)
+    c.append([a], x + 1, x + 1, 1)
+    assert c.pages(a) != c.pages(f) and c.refcount(c.pages(a)[0]) == 1 == c.refcount(c.pages(f)[0])
+    assert torch.equal(c.k_pages(1)[c.pages(a)[0], :2], x[0] + 1)
+    assert torch.equal(c.k_pages(0)[c.pages(a)[0], :2], x[0]), "the copy must carry layer 0"
 
 
 def test_bad_inputs():

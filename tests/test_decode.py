@@ -133,4 +133,8 @@ def test_graph_safe_plan_follows_new_lengths(backend):
     for lens in ([900, 60], [17, 903], [0, 5]):
         sl.copy_(torch.tensor(lens, dtype=torch.int32))
         o, lse = splitkv.decode(q, k, v, sl, plan=p, return_lse=True, backend=backend)
+        assert_close_to_reference(o, lse, q, k, v, sl)  # stale split counts: still exact
+        p.refresh(sl)
+        assert p.num_splits.tolist() == [max(1, -(-L // p.chunk_len)) for L in lens]
+        o, lse = splitkv.decode(q, k, v, sl, plan=p, return_lse=True, backend=backend)
         assert_close_to_reference(o, lse, q, k, v, sl)

@@ -99,7 +99,10 @@ def test_cuda_graph_replay_follows_new_lengths(backend, paged):
         k, v, bt = to_paged(k, v, [Lmax] * B, 16, extra_pages=0)
     p = splitkv.plan(sl, Hq, Hkv, D, max_seqlen=Lmax)
     out = torch.empty_like(q)
-    step = lambda: splitkv.decode(q, k, v, sl, block_table=bt, plan=p, out=out, backend=backend)
+    def step():
+        p.refresh(sl)  # once per step, captured with the decode
+        splitkv.decode(q, k, v, sl, block_table=bt, plan=p, out=out, backend=backend)
+
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

@@ -92,13 +92,13 @@ class FlashInfer(Provider):
 
 # ---------------------------------------------------------------- flash-attn
 class _FlashAttnSession(Session):
-    def __init__(self, fn, case: Case):
-        self.fn, self.causal = fn, case.shape.causal
+    def __init__(self, fn, case: Case, table_kw: str):
+        self.fn, self.causal, self.table_kw = fn, case.shape.causal, table_kw
 
     def bind(self, ts: TensorSet):
         fn, causal = self.fn, self.causal
-        return lambda: fn(ts.q, ts.k_cache, ts.v_cache, cache_seqlens=ts.cache_seqlens,
-                          block_table=ts.block_table, causal=causal)
+        kw = {self.table_kw: ts.block_table} if ts.block_table is not None else {}
+        return lambda: fn(ts.q, ts.k_cache, ts.v_cache, cache_seqlens=ts.cache_seqlens, causal=causal, **kw)
 
 
 class FlashAttn(Provider):
@@ -128,7 +128,8 @@ class FlashAttn(Provider):
             out = fn(*args, **kw)
             return out[0] if isinstance(out, tuple) else out
 
-        return _FlashAttnSession(call, case)
+        # FA2 names the page table block_table, FA3 page_table
+        return _FlashAttnSession(call, case, "block_table" if self.version == 2 else "page_table")
 
 
 # ---------------------------------------------------------------- flex_attention

@@ -54,7 +54,8 @@ class Case:
         return torch.empty((), dtype=self.dtype).element_size()
 
     def rotation_count(self) -> int:
-        return min(MAX_ROTATION, max(1, math.ceil(ROTATION_BYTES / max(self.shape.bytes(self.elem_bytes), 1))))
+        per_set = max(self.shape.bytes(self.elem_bytes), 1)
+        return min(MAX_ROTATION, max(1, math.ceil(ROTATION_BYTES / per_set)))
 
     def rotation(self, count: int) -> list[TensorSet]:
         """`count` tensor sets with equal contents and distinct storage (set 0 is the base)."""
@@ -118,6 +119,6 @@ def page_view(ts: TensorSet, shape: Shape, page_size: int = CAPACITY_ALIGN):
     counts = [r.numel() for r in rows]
     indptr = torch.tensor([0] + counts, dtype=torch.int32).cumsum(0).to(torch.int32).to(dev)
     indices = torch.cat(rows).to(torch.int32)
-    last = torch.tensor([L - (n - 1) * page_size if n else 0 for L, n in zip(lengths, counts)],
+    last = torch.tensor([L - (n - 1) * page_size if n else 0 for L, n in zip(lengths, counts, strict=True)],
                         dtype=torch.int32, device=dev)
     return k_pages, v_pages, indptr, indices, last

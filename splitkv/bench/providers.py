@@ -15,7 +15,6 @@ Each provider allocates its own output on every call, as a caller would.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +66,7 @@ class _SplitKVSession(Session):
                               num_splits=num_splits, max_seqlen=bound)
         self.backend, self.causal = backend, s.causal
         self.plan_text = self.plan.describe()
+        self.note = "graph-safe plan" if graph else "plan made once, reused"
 
     def bind(self, ts: TensorSet):
         p, backend, causal = self.plan, self.backend, self.causal
@@ -193,8 +193,6 @@ class SDPA(Provider):
 def is_rejection(exc: BaseException) -> bool:
     """A first-call failure that means 'this kernel does not take this problem' (-> n/a)."""
     msg = str(exc).lower()
-    return isinstance(exc, NotApplicable) or "no available kernel" in msg or "no viable backend" in msg
+    return (isinstance(exc, (NotApplicable, NotImplementedError)) or "no available kernel" in msg
+            or "no viable backend" in msg)
 
-
-def softmax_scale(case: Case) -> float:
-    return 1.0 / math.sqrt(case.shape.head_dim)

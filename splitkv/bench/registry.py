@@ -21,7 +21,8 @@ def make(name: str, num_splits: int | None = None) -> Provider:
     if name.startswith("splitkv-"):
         backend = name[len("splitkv-"):]
         if backend not in SPLITKV_BACKENDS:
-            raise ValueError(f"providers: unknown splitkv backend in {name!r}, expected one of {SPLITKV_BACKENDS}")
+            raise ValueError(f"providers: unknown splitkv backend in {name!r}, "
+                             f"expected one of {SPLITKV_BACKENDS}")
         return SplitKV(backend, num_splits)
     if name.startswith("sdpa-") and name[5:] in ("flash", "cudnn", "efficient"):
         return SDPA(name[5:])

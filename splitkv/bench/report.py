@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -26,8 +27,21 @@ FIELDS = (
     "eager_us", "eager_reps", "graph_us", "graph_calls", "graph_replays",
     "eager_tbps", "graph_tbps", "eager_pct_sol", "graph_pct_sol",
     "eager_vs_best_peer", "graph_vs_best_peer", "best_peer_eager", "best_peer_graph",
-    "max_abs_err", "rel_err", "err_scope", "plan", "graph_plan", "cmd",
+    "max_abs_err", "rel_err", "graph_max_abs_err", "graph_rel_err", "err_scope", "plan", "graph_plan",
+    "cmd",
 )
+
+
+def err_flag(r: dict) -> bool:
+    """True when the eager or the graph output is off the reference by more than ERR_WARN (or NaN)."""
+    return any(r[k] is not None and not r[k] <= ERR_WARN for k in ("rel_err", "graph_rel_err"))
+
+
+def _max_err(r: dict):
+    errs = [r[k] for k in ("max_abs_err", "graph_max_abs_err") if r[k] is not None]
+    if any(e != e for e in errs):
+        return float("nan")
+    return max(errs) if errs else None
 
 
 def new_row(shape, provider, dtype_name: str, elem_bytes: int, cmd: str) -> dict:
@@ -85,7 +99,8 @@ def collect_meta(device: torch.device, argv: list[str], sol_tbps: float) -> dict
         "python": platform.python_version(), "torch": torch.__version__, "triton": _version("triton"),
         "cutlass": _version("nvidia-cutlass-dsl"), "flashinfer": _version("flashinfer-python"),
         "flash_attn": _version("flash-attn"), "splitkv": __version__,
-        "git_commit": _run(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "--short", "HEAD"]),
+        "git_commit": _run(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "--short",
+                            "HEAD"]),
         "sol_tbps": sol_tbps, "command": "python -m splitkv bench " + " ".join(argv),
         "timing": ("eager: median of L2-flushed reps (do_bench method), plan made once outside the "
                    "timed region; graph: CUDA graph of N calls over rotating buffers > 256 MB, per call"),
@@ -101,12 +116,23 @@ def collect_meta(device: torch.device, argv: list[str], sol_tbps: float) -> dict
     return meta
 
 
+def _finite(x):
+    """Strict JSON has no NaN/inf: non-finite floats become null (rows say 'NaN in output' in note)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
 def write_json(path, meta: dict, skipped, rows: list[dict], sweep: list[dict] | None = None) -> None:
     doc = {"schema": SCHEMA, "meta": meta,
            "skipped_providers": [{"provider": n, "reason": r} for n, r in skipped],
            "rows": rows, "sweep": sweep or []}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1, allow_nan=True))
+    Path(path).write_text(json.dumps(_finite(doc), indent=1, allow_nan=False))
 
 
 def _f(x, fmt: str, empty: str = "—") -> str:
@@ -120,7 +146,8 @@ def headline_mode(rows: list[dict]) -> str:
 def _cells(r: dict, mode: str) -> list[str]:
     if r["status"] != "ok":
         return [r["status"]] + ["—"] * 5
-    err = "nan" if r["max_abs_err"] != r["max_abs_err"] else _f(r["max_abs_err"], ".1e")
+    worst = _max_err(r)
+    err = "nan" if worst != worst else _f(worst, ".1e")
     return [_f(r["eager_us"], ".1f"), _f(r["graph_us"], ".1f"), _f(r[f"{mode}_tbps"], ".2f"),
             _f(r[f"{mode}_pct_sol"], ".0f"), _f(r[f"{mode}_vs_best_peer"], ".2f"), err]
 
@@ -136,7 +163,8 @@ def write_markdown(path, meta: dict, skipped, rows: list[dict], sweep: list[dict
              f"'× best peer' (best peer µs / this µs, > 1 = faster) use {mode} times.", ""]
     if skipped:
         lines += ["Skipped providers: " + "; ".join(f"{n} ({r})" for n, r in skipped), ""]
-    lines += ["| shape | dtype | provider | eager µs | graph µs | TB/s | %SOL | × best peer | max err | note | reproduce |",
+    lines += ["| shape | dtype | provider | eager µs | graph µs | TB/s | %SOL | × best peer | max err | note "
+              "| reproduce |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         note = r["note"] + (f" (err over {r['err_scope']})" if r["err_scope"] not in (None, "all") else "")
@@ -147,8 +175,9 @@ def write_markdown(path, meta: dict, skipped, rows: list[dict], sweep: list[dict
                   "| shape | mode | planner splits | planner µs | best splits | best µs | regret % |",
                   "|---|---|---|---|---|---|---|"]
         for s in sweep:
-            lines.append(f"| {s['shape']} | {s['mode']} | {s['planner_splits']} | {_f(s['planner_us'], '.1f')} | "
-                         f"{s['best_splits']} | {_f(s['best_us'], '.1f')} | {_f(s['regret_pct'], '.1f')} |")
+            lines.append(f"| {s['shape']} | {s['mode']} | {s['planner_splits']} | "
+                         f"{_f(s['planner_us'], '.1f')} | {s['best_splits']} | {_f(s['best_us'], '.1f')} | "
+                         f"{_f(s['regret_pct'], '.1f')} |")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + "\n")
 
@@ -158,7 +187,7 @@ def print_table(console, rows: list[dict], skipped, explain: bool = False) -> No
 
     mode = headline_mode(rows)
     table = Table(title=f"splitkv bench (TB/s, %SOL, × best peer from {mode} times)", show_lines=False)
-    for col in ("shape", "dtype", "provider", "eager µs", "graph µs", "TB/s", "%SOL", "× best peer",
+    for col in ("shape", "dtype", "provider", "eager µs", "graph µs", "TB/s", "%SOL", "× peer",
                 "max err", "note"):
         table.add_column(col, justify="left" if col in ("shape", "provider", "note", "dtype") else "right",
                          overflow="fold")
@@ -168,7 +197,7 @@ def print_table(console, rows: list[dict], skipped, explain: bool = False) -> No
         ratio = r[f"{mode}_vs_best_peer"]
         if r["kind"] == "splitkv" and ratio is not None:
             cells[4] = f"[{'green' if ratio >= 1 else 'red'}]{cells[4]}[/]"
-        if r["rel_err"] is not None and not (r["rel_err"] <= ERR_WARN):
+        if err_flag(r):
             cells[5] = f"[red]{cells[5]}[/]"
         name = r["shape"] if r["shape"] != last else ""
         last = r["shape"]
@@ -177,13 +206,13 @@ def print_table(console, rows: list[dict], skipped, explain: bool = False) -> No
     console.print(table)
     if skipped:
         console.print("skipped (not available here): " + "; ".join(f"{n} ({why})" for n, why in skipped))
-    console.print("reproduce a row: python -m splitkv bench --suite SUITE --shapes SHAPE --providers PROVIDER "
-                  "(each row's exact command is in --json / --markdown)")
+    console.print("reproduce a row: python -m splitkv bench --suite SUITE --shapes SHAPE "
+                  "--providers PROVIDER (each row's exact command is in --json / --markdown)")
     if explain:
         for r in rows:
             if r["plan"] or r["graph_plan"]:
-                console.print(f"[bold]{r['shape']} {r['provider']}[/]\n  eager: {r['plan']}\n  graph: {r['graph_plan']}"
-                              f"\n  cmd:   {r['cmd']}", highlight=False)
+                console.print(f"[bold]{r['shape']} {r['provider']}[/]\n  eager: {r['plan']}"
+                              f"\n  graph: {r['graph_plan']}\n  cmd:   {r['cmd']}", highlight=False)
 
 
 def print_sweep(console, sweep: list[dict]) -> None:

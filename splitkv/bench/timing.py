@@ -69,7 +69,7 @@ def time_eager(fn, device: torch.device, reps: int) -> tuple[float, int]:
         fn()
         ends[i].record()
     torch.cuda.synchronize(device)
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3, n
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) * 1e3, n
 
 
 def graph_calls(rotation: int) -> int:
@@ -78,9 +78,10 @@ def graph_calls(rotation: int) -> int:
     return rotation * per
 
 
-def time_graph(fns, device: torch.device, reps: int) -> tuple[float, int, int]:
-    """(median us per call, calls per graph, replays) of a CUDA graph of calls over fns (one per
-    rotation set). Raises if the calls cannot be captured."""
+def time_graph(fns, device: torch.device, reps: int):
+    """(median us per call, calls per graph, replays, output of the first captured call) of a CUDA
+    graph of calls over fns (one per rotation set). The output lives in the graph's memory pool and
+    holds the result of the last replay (the caller checks it). Raises if capture fails."""
     calls = graph_calls(len(fns))
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -92,7 +93,8 @@ def time_graph(fns, device: torch.device, reps: int) -> tuple[float, int, int]:
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            for i in range(calls):
+            first = fns[0]()
+            for i in range(1, calls):
                 fns[i % len(fns)]()
         graph.replay()
         torch.cuda.synchronize(device)
@@ -109,7 +111,7 @@ def time_graph(fns, device: torch.device, reps: int) -> tuple[float, int, int]:
             graph.replay()
             ends[i].record()
         torch.cuda.synchronize(device)
-        per_replay = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
-        return per_replay * 1e3 / calls, calls, n
+        per_replay = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+        return per_replay * 1e3 / calls, calls, n, first
     finally:
         del graph

@@ -77,7 +77,8 @@ class SplitConfig:
     @property
     def reduce_bytes(self) -> int:
         """Epilogue scratch: every warp's fp32 [16, D] output and its row max / sum."""
-        return 4 * (self.warps_n * self.block_m * self.head_dim + 2 * self.warps_n * self.block_m)
+        pitch = self.head_dim + 4  # epilogue.scratch_layouts pads rows by 4 floats
+        return 4 * (self.warps_n * self.block_m * pitch + 2 * self.warps_n * self.block_m)
 
     @property
     def smem_bytes(self) -> int:

@@ -5,13 +5,11 @@ segment is 128 bytes, so the swizzle spreads the 8 rows of an atom over all 32 b
 16-byte cp.async writes and the ldmatrix reads. D is 64, 128 or 256, always a whole number of atoms.
 """
 
-from __future__ import annotations
-
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from .config import ELEMS_PER_COPY, MMA_K, MMA_M, NUM_THREADS
+from splitkv.backends.cutlass.config import ELEMS_PER_COPY, MMA_K, MMA_M, NUM_THREADS
 
 ATOM_COLS = 64
 THREADS_PER_ROW = ATOM_COLS // ELEMS_PER_COPY  # 8 threads copy one 128-byte row segment

@@ -5,35 +5,47 @@ The warp owns 16 query rows (sQ_w, [16, D]) and `keys_per_warp` keys of each sta
 ldmatrix.trans), one k-block ahead of the MMA that uses them.
 """
 
-from __future__ import annotations
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from . import layouts
-from .config import MMA_M
+from splitkv.backends.cutlass import layouts
+from splitkv.backends.cutlass.config import MMA_M
 
 
+@dataclass(frozen=True)
 class WarpAttention:
-    def __init__(self, dtype, head_dim: int, keys_per_warp: int, lane: Int32, sQ_w):
-        self.dtype = dtype
-        self.head_dim = head_dim
-        self.keys = keys_per_warp
-        self.tiled_mma = layouts.warp_mma(dtype)
-        self.thr_mma = self.tiled_mma.get_slice(lane)
-        self.copy_q = cute.make_tiled_copy_A(layouts.ldmatrix(dtype, False), self.tiled_mma).get_slice(lane)
-        self.copy_k = cute.make_tiled_copy_B(layouts.ldmatrix(dtype, False), self.tiled_mma).get_slice(lane)
-        self.copy_v = cute.make_tiled_copy_B(layouts.ldmatrix(dtype, True), self.tiled_mma).get_slice(lane)
-        self.tSrQ = self.thr_mma.make_fragment_A(self.thr_mma.partition_A(sQ_w))
-        self.tSsQ = self.copy_q.partition_S(sQ_w)
-        self.tSrQ_view = self.copy_q.retile(self.tSrQ)
-        self.acc_o = cute.make_rmem_tensor(self.thr_mma.partition_shape_C((MMA_M, head_dim)), Float32)
-        self.acc_o.fill(0.0)
-        # (row, key) coordinates, within the warp's [16, keys_per_warp] score tile, of each
-        # accumulator value this thread holds
-        self.s_coords = layouts.mn_view(self.thr_mma.partition_C(cute.make_identity_tensor((MMA_M, keys_per_warp))))
-        self.o_coords = layouts.mn_view(self.thr_mma.partition_C(cute.make_identity_tensor((MMA_M, head_dim))))
+    dtype: type
+    head_dim: int
+    keys: int  # keys per warp per tile
+    tiled_mma: object
+    thr_mma: object
+    copy_q: object  # ldmatrix thread slices for Q, K and (transposed) V
+    copy_k: object
+    copy_v: object
+    tSrQ: object  # Q fragments, refilled from smem every tile (registers go to the accumulator)
+    tSsQ: object
+    tSrQ_view: object
+    acc_o: object  # fp32 [16, D] accumulator fragment
+    s_coords: object  # (row, key) of each score value this thread holds, mn view
+    o_coords: object  # (row, col) of each output value this thread holds, mn view
+
+    @staticmethod
+    def create(dtype, head_dim: int, keys_per_warp: int, lane: Int32, sQ_w):
+        tiled_mma = layouts.warp_mma(dtype)
+        thr_mma = tiled_mma.get_slice(lane)
+        copy_q = cute.make_tiled_copy_A(layouts.ldmatrix(dtype, False), tiled_mma).get_slice(lane)
+        copy_k = cute.make_tiled_copy_B(layouts.ldmatrix(dtype, False), tiled_mma).get_slice(lane)
+        copy_v = cute.make_tiled_copy_B(layouts.ldmatrix(dtype, True), tiled_mma).get_slice(lane)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ_w))
+        acc_o = cute.make_rmem_tensor(thr_mma.partition_shape_C((MMA_M, head_dim)), Float32)
+        acc_o.fill(0.0)
+        s_coords = layouts.mn_view(thr_mma.partition_C(cute.make_identity_tensor((MMA_M, keys_per_warp))))
+        o_coords = layouts.mn_view(thr_mma.partition_C(cute.make_identity_tensor((MMA_M, head_dim))))
+        return WarpAttention(dtype, head_dim, keys_per_warp, tiled_mma, thr_mma, copy_q, copy_k, copy_v,
+                             tSrQ, copy_q.partition_S(sQ_w), copy_q.retile(tSrQ), acc_o, s_coords, o_coords)
 
     @cute.jit
     def scores(self, sK_w):

@@ -9,13 +9,13 @@ unused slots cannot reach the output). Rows that are not loaded are zero-filled 
 because P @ V multiplies them by p = 0 and 0 * NaN would poison the accumulator.
 """
 
-from __future__ import annotations
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, const_expr
 
-from .config import ELEMS_PER_COPY
+from splitkv.backends.cutlass.config import ELEMS_PER_COPY
 
 
 def gmem_vec(dtype, addr, n, align):
@@ -24,26 +24,36 @@ def gmem_vec(dtype, addr, n, align):
                             cute.make_layout(n))
 
 
+@dataclass(frozen=True)
 class KVRows:
-    """Byte addresses of the K and V rows of one (request, KV head). Strides are in elements."""
+    """Byte addresses of the K and V rows of one (request, KV head). Frozen: the DSL then treats
+    it as read-only inside dynamic control flow. Strides are in elements."""
 
-    def __init__(self, paged: bool, dtype, k_addr, v_addr, k_strides, v_strides, kvh, b,
-                 bt_addr, bt_stride, page_size):
-        self.paged = paged
-        self.dtype = dtype
-        self.nbytes = dtype.width // 8
-        self.k_addr, self.v_addr = k_addr, v_addr
-        self.k_sb, self.k_sn = k_strides[0], k_strides[1]
-        self.v_sb, self.v_sn = v_strides[0], v_strides[1]
-        # the head (and, contiguous, the request) part of the offset is fixed for the block
-        if const_expr(paged):
-            self.k_base = k_addr + Int64(kvh) * k_strides[2] * self.nbytes
-            self.v_base = v_addr + Int64(kvh) * v_strides[2] * self.nbytes
-            self.table = gmem_vec(Int32, bt_addr + Int64(b) * bt_stride * 4, 1 << 30, 4)
-            self.page_div = cute.FastDivmodDivisor(page_size)
-        else:
-            self.k_base = k_addr + (Int64(b) * k_strides[0] + Int64(kvh) * k_strides[2]) * self.nbytes
-            self.v_base = v_addr + (Int64(b) * v_strides[0] + Int64(kvh) * v_strides[2]) * self.nbytes
+    paged: bool
+    dtype: type
+    k_base: Int64  # address of (kvh) [paged] or (b, kvh) [contiguous]: the fixed part of the offset
+    v_base: Int64
+    k_sb: Int64
+    k_sn: Int64
+    v_sb: Int64
+    v_sn: Int64
+    table: object  # this request's block-table row (paged), else None
+    page_div: object  # FastDivmodDivisor(page_size) (paged), else None
+
+    @staticmethod
+    def create(paged: bool, dtype, k_addr, v_addr, k_strides, v_strides, kvh, b, bt_addr, bt_stride,
+               page_size):
+        nbytes = dtype.width // 8
+        if paged:
+            return KVRows(True, dtype,
+                          k_addr + Int64(kvh) * k_strides[2] * nbytes, v_addr + Int64(kvh) * v_strides[2] * nbytes,
+                          k_strides[0], k_strides[1], v_strides[0], v_strides[1],
+                          gmem_vec(Int32, bt_addr + Int64(b) * bt_stride * 4, 1 << 30, 4),
+                          cute.FastDivmodDivisor(page_size))
+        return KVRows(False, dtype,
+                      k_addr + (Int64(b) * k_strides[0] + Int64(kvh) * k_strides[2]) * nbytes,
+                      v_addr + (Int64(b) * v_strides[0] + Int64(kvh) * v_strides[2]) * nbytes,
+                      k_strides[0], k_strides[1], v_strides[0], v_strides[1], None, None)
 
     @cute.jit
     def row_addrs(self, n: Int32):
@@ -58,7 +68,8 @@ class KVRows:
         else:
             k_off = Int64(n) * self.k_sn
             v_off = Int64(n) * self.v_sn
-        return self.k_base + k_off * self.nbytes, self.v_base + v_off * self.nbytes
+        nbytes = self.dtype.width // 8
+        return self.k_base + k_off * nbytes, self.v_base + v_off * nbytes
 
 
 @cute.jit
@@ -77,11 +88,15 @@ def copy_row(gcopy, dtype, addr, tXsX, tXcX, m: cutlass.Constexpr):
 @cute.jit
 def load_kv_tile(gcopy, kv: KVRows, tKsK, tVsV, tXcX, n0: Int32, end: Int32):
     """Issue the cp.async of keys [n0, n0 + block_n) of K and V into one pipeline stage; rows at or
-    past `end` are zero-filled instead."""
+    past `end` are zero-filled instead. Needs end > n0 (a non-empty tile)."""
+    # all of this thread's row addresses first, branch-free (keys clamped to end - 1, a valid
+    # key), so that the block-table loads of a paged cache are in flight together
+    addrs = []
     for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
-        n = n0 + tXcX[0, m, 0][0]
-        if n < end:
-            k_row, v_row = kv.row_addrs(n)
+        addrs.append(kv.row_addrs(cutlass.min(n0 + tXcX[0, m, 0][0], end - 1)))
+    for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
+        k_row, v_row = addrs[m]
+        if n0 + tXcX[0, m, 0][0] < end:
             copy_row(gcopy, kv.dtype, k_row, tKsK, tXcX, m)
             copy_row(gcopy, kv.dtype, v_row, tVsV, tXcX, m)
         else:

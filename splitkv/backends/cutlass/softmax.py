@@ -8,13 +8,13 @@ A row that has seen no key keeps m = -inf: exponents then use m_use = 0, so exp2
 and nothing is NaN; its l stays 0, which the epilogue turns into o = 0, lse = -inf.
 """
 
-from __future__ import annotations
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-from .layouts import mn_view
+from splitkv.backends.cutlass.layouts import mn_view
 
 
 def quad_allreduce(val, op):
@@ -31,13 +31,22 @@ def _add(a, b):
     return a + b
 
 
+@dataclass(frozen=True)
 class OnlineSoftmax:
-    def __init__(self, num_rows: int, scale_log2: Float32):
-        self.row_max = cute.make_rmem_tensor((num_rows,), Float32)
-        self.row_sum = cute.make_rmem_tensor((num_rows,), Float32)
-        self.row_max.fill(-Float32.inf)
-        self.row_sum.fill(0.0)
-        self.scale_log2 = scale_log2
+    """Per-thread state for its accumulator rows (frozen: read-only to the DSL's control flow;
+    the register tensors inside are updated in place)."""
+
+    row_max: object  # rmem fp32 [rows]
+    row_sum: object  # rmem fp32 [rows]
+    scale_log2: Float32
+
+    @staticmethod
+    def create(num_rows: int, scale_log2: Float32):
+        row_max = cute.make_rmem_tensor((num_rows,), Float32)
+        row_sum = cute.make_rmem_tensor((num_rows,), Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        return OnlineSoftmax(row_max, row_sum, scale_log2)
 
     @cute.jit
     def update(self, acc_s, acc_o):

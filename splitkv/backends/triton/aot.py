@@ -55,14 +55,15 @@ def _resources(kernel, arch: int) -> dict:
 
 def split_variants():
     """(constexprs, tile) for every head dim x packed-row class x paging x causal the plan can pick."""
-    for D, rows, paged, causal in itertools.product((64, 128, 256), (1, 4, 32, 256), (False, True), (False, True)):
-        if causal and rows == 1:
-            continue
-        tile = H.tile_config(D, rows)
+    for D, rows, paged, causal, splitting in itertools.product((64, 128, 256), (1, 4, 32, 256), (False, True),
+                                                               (False, True), (True, False)):
+        if (causal and rows == 1) or (not splitting and (D == 256 or causal)):
+            continue  # Sq = 1 has no causal mask; the unsplit tile differs only for D <= 128
+        tile = H.tile_config(D, rows, splitting)
         G, SQ = (rows, 1) if rows <= 16 else (16, rows // 16)
         yield dict(NUM_KV_HEADS=8, M_TILES=H.query_tiles(rows, tile.block_m), G=G, SQ=SQ, HEAD_DIM=D,
                    BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
-                   CAUSAL=causal, UPCAST=False), tile
+                   CAUSAL=causal, UPCAST=False, FUSED_COMBINE=splitting), tile
 
 
 def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> list[dict]:
@@ -74,7 +75,7 @@ def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> li
     for cx, tile in split_variants():
         sig = {n: "i32" for n in split_kernel.arg_names if n not in cx}
         sig.update(Q=ptr, K=ptr, V=ptr, SEQLENS="*i32", NSPLITS="*i32", CHUNKS="*i32", BT="*i32",
-                   O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, scale_log2="fp32")
+                   O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, COUNTERS="*i32", scale_log2="fp32")
         k = _compile(split_kernel, sig, cx, arch, tile.num_warps, tile.num_stages)
         rows.append(dict(kernel="split", **{k_: v for k_, v in cx.items() if k_ not in ("UPCAST",)},
                          **_resources(k, arch)))

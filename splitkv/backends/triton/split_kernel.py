@@ -10,8 +10,11 @@ block_table [B, max_pages] (pages gathered here, per key row; entries past the l
 never read); any strides with unit stride on D.
 Outputs: a request with num_splits == 1 writes o (q dtype) and lse directly — no combine needed;
 otherwise o_part [S, B, Hq, Sq, D] fp32 (normalised) and lse_part [S, B, Hq, Sq] fp32 (natural
-log, -inf for a split that saw no key; then o_part = 0).
-Deterministic: a fixed reduction order per program, no atomics.
+log, -inf for a split that saw no key; then o_part = 0). With FUSED_COMBINE the last split block
+of each (request, KV head, m-tile) to arrive (an atomic counter per group, COUNTERS, zero between
+launches) merges the group's partials itself, so no combine launch follows.
+Deterministic: a fixed reduction order per program and a merge in split order; the counter only
+decides which block merges, not the arithmetic.
 """
 
 import triton
@@ -56,8 +59,37 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scal
 
 
 @triton.jit
+def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows, lse_rows, row_ok,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Exact merge of n normalised partials of BLOCK_M rows (same math as combine_kernel.py).
+    Loads bypass L1 (.cg): the partials were written by other SMs."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    s = 0
+    while s < n:
+        m = tl.maximum(m, tl.load(LSE_PART + s * s_ls + l_rows, mask=row_ok, other=float("-inf"),
+                                  cache_modifier=".cg"))
+        s += 1
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    s = 0
+    while s < n:
+        w = tl.exp(tl.load(LSE_PART + s * s_ls + l_rows, mask=row_ok, other=float("-inf"),
+                           cache_modifier=".cg") - m_use)
+        live = w > 0.0
+        o = tl.load(O_PART + s * s_ps + p_rows, mask=live[:, None], other=0.0, cache_modifier=".cg")
+        acc += tl.where(live[:, None], o * w[:, None], 0.0)
+        den += w
+        s += 1
+    has = den > 0.0
+    out = tl.where(has[:, None], acc / tl.where(has, den, 1.0)[:, None], 0.0)
+    tl.store(O + o_rows, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + lse_rows, tl.where(has, m_use + tl.log(tl.where(has, den, 1.0)), float("-inf")), mask=row_ok)
+
+
+@triton.jit
 def split_kernel(
-    Q, K, V, SEQLENS, NSPLITS, CHUNKS, BT, O_PART, LSE_PART, O, LSE,
+    Q, K, V, SEQLENS, NSPLITS, CHUNKS, BT, O_PART, LSE_PART, O, LSE, COUNTERS,
     scale_log2,
     s_qb, s_qt, s_qh,
     s_kb, s_kn, s_kh,
@@ -70,6 +102,7 @@ def split_kernel(
     NUM_KV_HEADS: tl.constexpr, M_TILES: tl.constexpr, G: tl.constexpr, SQ: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    FUSED_COMBINE: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)
@@ -123,6 +156,18 @@ def split_kernel(
                  o.to(O.dtype.element_ty), mask=row_ok[:, None])
         tl.store(LSE + b * s_lob + head * s_loh + tok, lse, mask=row_ok)
     else:
-        tl.store(O_PART + split * s_ps + b * s_pb + head[:, None] * s_ph + tok[:, None] * s_pt + d[None, :],
-                 o, mask=row_ok[:, None])
-        tl.store(LSE_PART + split * s_ls + b * s_lb + head * s_lh + tok, lse, mask=row_ok)
+        p_rows = b * s_pb + head[:, None] * s_ph + tok[:, None] * s_pt + d[None, :]
+        l_rows = b * s_lb + head * s_lh + tok
+        tl.store(O_PART + split * s_ps + p_rows, o, mask=row_ok[:, None])
+        tl.store(LSE_PART + split * s_ls + l_rows, lse, mask=row_ok)
+        if FUSED_COMBINE:
+            # the last split block of this (request, KV head, m-tile) to finish merges all of them,
+            # saving the combine launch; the counter is reset by that block, so it is zero again
+            # for the next launch or graph replay. Merge order = split index: deterministic.
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            arrived = tl.atomic_add(COUNTERS + pid, 1, sem="acq_rel")
+            if arrived == n_splits - 1:
+                tl.atomic_xchg(COUNTERS + pid, 0)
+                _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n_splits, s_ps, s_ls,
+                            b * s_ob + tok[:, None] * s_ot + head[:, None] * s_oh + d[None, :],
+                            b * s_lob + head * s_loh + tok, row_ok, BLOCK_M, HEAD_DIM)

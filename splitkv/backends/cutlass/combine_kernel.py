@@ -1,0 +1,125 @@
+"""CuTe DSL combine kernel: one warp = one output row (request b, query head h, token t); 4 rows
+per CTA.
+
+Math (exact merge of normalised partial states, natural-log LSE):
+    m = max_i lse_i;  w_i = exp(lse_i - m);  o = sum_i w_i o_i / sum_i w_i;  lse = m + log sum_i w_i
+Only the first num_splits[b] partials of the row are read (capped at the partials' split axis);
+a partial with w_i = 0 (lse -inf) never enters the sum (selected away, so a NaN in its o_i
+cannot leak); a row whose every partial is -inf gives o = 0, lse = -inf. With skip_single,
+rows of requests with one split are left alone (the split kernel wrote them already).
+
+Each lane owns D / 32 contiguous columns. Splits go in chunks of 32: lane j computes the weight of
+split s0 + j, then the warp walks the chunk in split order, broadcasting each weight by shuffle,
+with the chunk's o loads unrolled so they are all in flight together. Deterministic: splits are
+added in index order.
+
+Layouts: o_part [S, B, H, T, D] (fp32, fp16 or bf16; unit stride on D), lse_part [S, B, H, T] fp32,
+out [B, T, H, D], lse [B, H, T]: all strides are arguments, so merge_states can feed partials from
+anywhere.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from splitkv.backends.cutlass.config import CombineConfig
+from splitkv.backends.cutlass.paging import gmem_vec
+
+DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": Float32}
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+ROWS_PER_CTA = 4
+CHUNK = 32  # splits per weight chunk: one per lane
+
+
+def warp_allreduce_max(val):
+    for off in (16, 8, 4, 2, 1):
+        val = cute.arch.fmax(val, cute.arch.shuffle_sync_bfly(val, offset=off, mask=-1, mask_and_clamp=31))
+    return val
+
+
+class CombineKernel:
+    def __init__(self, cfg: CombineConfig):
+        self.cfg = cfg
+        self.part_dtype = DTYPES[cfg.part_dtype]
+        self.out_dtype = DTYPES[cfg.out_dtype]
+
+    def __repr__(self):  # the DSL mangles the repr into the kernel's symbol: keep it stable
+        return self.cfg.name
+
+    @cute.jit
+    def __call__(self, o_part: Int64, lse_part: Int64, nsplits: Int64, out: Int64, lse: Int64,
+                 max_splits: Int32, batch: Int32, num_heads: Int32, q_len: Int32, skip_single: Int32,
+                 s_ps: Int64, s_pb: Int64, s_ph: Int64, s_pt: Int64,
+                 s_ls: Int64, s_lb: Int64, s_lh: Int64, s_lt: Int64,
+                 s_ob: Int64, s_ot: Int64, s_oh: Int64, s_lob: Int64, s_loh: Int64, s_lot: Int64,
+                 stream: cuda.CUstream):
+        rows = batch * num_heads * q_len
+        self.kernel(o_part, lse_part, nsplits, out, lse, max_splits, num_heads, q_len, rows, skip_single,
+                    (s_ps, s_pb, s_ph, s_pt), (s_ls, s_lb, s_lh, s_lt), (s_ob, s_ot, s_oh), (s_lob, s_loh, s_lot),
+                    ).launch(grid=[(rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1, 1],
+                             block=[32 * ROWS_PER_CTA, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, o_part: Int64, lse_part: Int64, nsplits: Int64, out: Int64, lse: Int64,
+               max_splits: Int32, num_heads: Int32, q_len: Int32, rows: Int32, skip_single: Int32,
+               part_strides, lpart_strides, out_strides, lse_strides):
+        EPL = self.cfg.elems_per_lane
+        pbytes = self.part_dtype.width // 8
+        obytes = self.out_dtype.width // 8
+        bid, _, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        row = bid * ROWS_PER_CTA + warp
+        if row < rows:
+            t = row % q_len
+            h = (row // q_len) % num_heads
+            b = row // (q_len * num_heads)
+            n_splits = gmem_vec(Int32, nsplits + Int64(b) * 4, 1, 4)[0]
+            if skip_single == 0 or n_splits != 1:
+                n = cutlass.min(n_splits, max_splits)
+                sl = lpart_strides
+                lse_row = lse_part + (Int64(b) * sl[1] + Int64(h) * sl[2] + Int64(t) * sl[3]) * 4
+                sp = part_strides
+                o_row = o_part + (Int64(b) * sp[1] + Int64(h) * sp[2] + Int64(t) * sp[3]
+                                  + Int64(lane * EPL)) * pbytes
+
+                m = -Float32.inf
+                for s in cutlass.range(lane, n, 32, unroll=1):
+                    g = gmem_vec(Float32, lse_row + Int64(s) * sl[0] * 4, 1, 4)
+                    m = cute.arch.fmax(m, g[0])
+                m = warp_allreduce_max(m)
+                m_use = 0.0 if m == -Float32.inf else m
+
+                total = Float32(0.0)
+                acc = cute.make_rmem_tensor((EPL,), Float32)
+                acc.fill(0.0)
+                for s0 in cutlass.range(0, n, CHUNK, unroll=1):
+                    mine = s0 + lane
+                    w_mine = Float32(0.0)
+                    if mine < n:
+                        g = gmem_vec(Float32, lse_row + Int64(mine) * sl[0] * 4, 1, 4)
+                        w_mine = cute.math.exp2((g[0] - m_use) * LOG2E, fastmath=True)
+                    for j in cutlass.range_constexpr(CHUNK):
+                        w = cute.arch.shuffle_sync(w_mine, j)
+                        # splits past n are in the workspace (s < max_splits) but hold anything:
+                        # read a valid address, and let w = 0 select them away
+                        s = cutlass.min(s0 + j, max_splits - 1)
+                        o = gmem_vec(self.part_dtype, o_row + Int64(s) * sp[0] * pbytes, EPL, EPL * pbytes)
+                        val = cute.make_rmem_tensor((EPL,), Float32)
+                        val.store(o.load().to(Float32))  # unconditional (no branch): the loads overlap
+                        total = total + w
+                        live = w > 0.0
+                        for e in cutlass.range_constexpr(EPL):
+                            acc[e] = acc[e] + cutlass.select_(live, val[e] * w, Float32(0.0))
+                has_key = total > 0.0
+                inv = 1.0 / total if has_key else 0.0
+                so = out_strides
+                dst = gmem_vec(self.out_dtype, out + (Int64(b) * so[0] + Int64(t) * so[1] + Int64(h) * so[2]
+                                                      + Int64(lane * EPL)) * obytes, EPL, EPL * obytes)
+                dst.store((acc.load() * inv).to(self.out_dtype))
+                if lane == 0:
+                    so = lse_strides
+                    g_lse = gmem_vec(Float32, lse + (Int64(b) * so[0] + Int64(h) * so[1] + Int64(t) * so[2]) * 4, 1, 4)
+                    g_lse[0] = (m_use + cute.math.log(total, fastmath=False)) if has_key else -Float32.inf

@@ -1,0 +1,117 @@
+"""Epilogue of the split kernel: merge the warps' softmax states of each row, normalise, store.
+
+Each warp leaves an unnormalised fp32 output O_w [16, D] and per row (m_w, l_w) (base-2 max and
+sum over its keys). For a row with warps w = 0 .. warps_n - 1 (in index order: deterministic):
+    m = max_w m_w;  a_w = exp2(m_w - m);  L = sum_w a_w l_w;  o = sum_w a_w O_w / L
+    lse = (m + log2 L) * ln 2        (natural log, as the API and the partials use)
+L == 0 (no key seen) gives o = 0, lse = -inf. A request with one split writes o (input dtype) and
+lse straight to the outputs; otherwise o_part [S, B, Hq, Sq, D] and lse_part [S, B, Hq, Sq] fp32.
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from splitkv.backends.cutlass.config import NUM_THREADS
+from splitkv.backends.cutlass.paging import gmem_vec
+
+LN2 = 0.6931471805599453
+VEC = 4  # fp32 values per thread per store: 16-byte partial stores, 8-byte fp16/bf16 stores
+
+
+def scratch_layouts(block_m: int, head_dim: int, warps_n: int):
+    """fp32 [block_m, D, warps_n] outputs (rows padded by 4 floats against bank conflicts, still
+    16-byte aligned) and [warps_n, block_m] row max / row sum."""
+    pitch = head_dim + VEC
+    red = cute.make_layout((block_m, head_dim, warps_n), stride=(pitch, 1, block_m * pitch))
+    stats = cute.make_layout((warps_n, block_m), stride=(block_m, 1))
+    return red, stats
+
+
+@cute.jit
+def stash_warp_state(wa, sm, sRed_w, sMax, sSum, wn: Int32, row_base: Int32, lane: Int32):
+    """Write this warp's O_w (fp32) and its rows' (m, l) to shared memory."""
+    wa.thr_mma.partition_C(sRed_w).store(wa.acc_o.load())
+    if lane % 4 == 0:
+        for r in cutlass.range_constexpr(cute.size(sm.row_max)):
+            row = row_base + wa.o_coords[r, 0][0]
+            sMax[wn, row] = sm.row_max[r]
+            sSum[wn, row] = sm.row_sum[r]
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where row p of the tile goes: token p // group, query head kvh * group + p % group."""
+
+    out_dtype: type
+    single: object  # Boolean: this request has one split -> final o / lse, else partials
+    b: Int32
+    kvh: Int32
+    split: Int32
+    group: Int32
+    out_addr: Int64
+    out_strides: tuple
+    lse_addr: Int64
+    lse_strides: tuple
+    part_addr: Int64
+    part_strides: tuple
+    lpart_addr: Int64
+    lpart_strides: tuple
+
+    @cute.jit
+    def store(self, p: Int32, col: Int32, o, lse: Float32, write_lse):
+        tok = p // self.group
+        head = self.kvh * self.group + p - tok * self.group
+        b = Int64(self.b)
+        if self.single:
+            so = self.out_strides
+            addr = self.out_addr + (b * so[0] + Int64(tok) * so[1] + Int64(head) * so[2] + Int64(col)) * (
+                self.out_dtype.width // 8)
+            gmem_vec(self.out_dtype, addr, VEC, VEC * self.out_dtype.width // 8).store(o.to(self.out_dtype))
+            if write_lse:
+                sl = self.lse_strides
+                # (a named tensor: the DSL's region analysis treats call()[i] = x as writing every name in call)
+                g_lse = gmem_vec(Float32, self.lse_addr + (b * sl[0] + Int64(head) * sl[1] + Int64(tok)) * 4, 1, 4)
+                g_lse[0] = lse
+        else:
+            sp = self.part_strides
+            s = Int64(self.split)
+            addr = self.part_addr + (s * sp[0] + b * sp[1] + Int64(head) * sp[2] + Int64(tok) * sp[3]
+                                     + Int64(col)) * 4
+            gmem_vec(Float32, addr, VEC, 4 * VEC).store(o)
+            if write_lse:
+                sl = self.lpart_strides
+                g_lse = gmem_vec(Float32, self.lpart_addr + (s * sl[0] + b * sl[1] + Int64(head) * sl[2]
+                                                             + Int64(tok)) * 4, 1, 4)
+                g_lse[0] = lse
+
+
+@cute.jit
+def merge_and_store(sRed, sMax, sSum, outs: Outputs, tidx: Int32, row0: Int32, num_rows: Int32,
+                    block_m: cutlass.Constexpr, head_dim: cutlass.Constexpr, warps_n: cutlass.Constexpr):
+    """All threads: rows x (D / 4) items, each merging the warps_n partial states of 4 columns."""
+    chunks = head_dim // VEC
+    for i in cutlass.range_constexpr(block_m * chunks // NUM_THREADS):
+        idx = tidx + NUM_THREADS * i
+        row = idx // chunks
+        col = (idx - row * chunks) * VEC
+        p = row0 + row
+        if p < num_rows:
+            m = sMax[0, row]
+            for w in cutlass.range_constexpr(1, warps_n):
+                m = cute.arch.fmax(m, sMax[w, row])
+            m_use = 0.0 if m == -Float32.inf else m
+            total = Float32(0.0)
+            acc = cute.make_rmem_tensor((VEC,), Float32)
+            acc.fill(0.0)
+            for w in cutlass.range_constexpr(warps_n):
+                a = cute.math.exp2(sMax[w, row] - m_use, fastmath=True)
+                total = total + a * sSum[w, row]
+                part = cute.local_tile(sRed[row, None, w], (VEC,), (col // VEC,))
+                acc.store(acc.load() + part.load() * a)
+            has_key = total > 0.0
+            inv = 1.0 / total if has_key else 0.0
+            lse = (m_use + cute.math.log2(total, fastmath=False)) * LN2 if has_key else -Float32.inf
+            outs.store(p, col, acc.load() * inv, lse, col == 0)

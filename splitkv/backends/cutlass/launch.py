@@ -1,0 +1,155 @@
+"""Launch glue of the CuTe DSL backend: compile (cached), check what the kernels assume, pack the
+arguments, launch. No decisions: tiles come from plan.tile (block_m) and config.tile_for (block_n,
+stages), split tables from the plan.
+
+Three levels, as everywhere in splitkv: compile_split / compile_combine (cached compile) ->
+split_ / combine_ (out-parameter ops) -> run / combine (the backend contract).
+"""
+
+import torch
+
+from splitkv.backends.cutlass.argpack import Packer
+from splitkv.backends.cutlass.cache import CACHE
+from splitkv.backends.cutlass.config import CombineConfig, SplitConfig, split_config
+
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_PACKERS: dict[tuple[str, str], Packer] = {}
+LOG2E = 1.4426950408889634
+
+
+def arch_of(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    suffix = "a" if major >= 9 else ""  # sm_90a / sm_100a: the arch-specific targets
+    return f"sm_{major}{minor}{suffix}"
+
+
+def fake_split_args():
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64
+
+    return [Int64(0)] * 11 + [Int32(0)] * 8 + [Int64(0)] * 22 + [Float32(0.0), cute.runtime.make_fake_stream()]
+
+
+def fake_combine_args():
+    import cutlass.cute as cute
+    from cutlass import Int32, Int64
+
+    return [Int64(0)] * 5 + [Int32(0)] * 5 + [Int64(0)] * 14 + [cute.runtime.make_fake_stream()]
+
+
+def build_split(cfg: SplitConfig):
+    from splitkv.backends.cutlass.split_kernel import SplitKernel
+
+    return SplitKernel(cfg), fake_split_args()
+
+
+def build_combine(cfg: CombineConfig):
+    from splitkv.backends.cutlass.combine_kernel import CombineKernel
+
+    return CombineKernel(cfg), fake_combine_args()
+
+
+def _launcher(cfg, arch: str, build) -> Packer:
+    key = (cfg.name, arch)
+    p = _PACKERS.get(key)
+    if p is None:
+        p = _PACKERS[key] = Packer(CACHE.get(cfg.name, arch, lambda: build(cfg)))
+    return p
+
+
+def compile_split(cfg: SplitConfig, arch: str) -> Packer:
+    return _launcher(cfg, arch, build_split)
+
+
+def compile_combine(cfg: CombineConfig, arch: str) -> Packer:
+    return _launcher(cfg, arch, build_combine)
+
+
+def _stream(device):
+    import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _check_rows(name: str, t: torch.Tensor, align: int) -> None:
+    """The kernels move rows with 16-byte (8-byte for 4 x 16-bit outputs) vector accesses."""
+    esize = t.element_size()
+    bad_stride = [s for s in t.stride()[:-1] if (s * esize) % align]
+    if t.data_ptr() % align or bad_stride or t.stride(-1) != 1:
+        raise ValueError(f"{name}: backend 'cutlass' needs unit stride on the last dim and {align}-byte aligned "
+                         f"rows (pointer and strides); got strides {tuple(t.stride())}, data_ptr % {align} = "
+                         f"{t.data_ptr() % align}. Use backend='triton' for this layout.")
+
+
+def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+           *, cfg: SplitConfig | None = None):
+    """Out-parameter split op: writes out/lse for one-split requests, o_part/lse_part otherwise.
+    cfg overrides the config (tile sweeps); its block_m must be the plan's."""
+    B, Sq, Hq, D = q.shape
+    paged = block_table is not None
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_rows(name, t, 16)
+    _check_rows("out", out, 8)
+    if o_part is not None:
+        _check_rows("o_part", o_part, 16)
+    if lse.stride(2) != 1 or (lse_part is not None and lse_part.stride(3) != 1):
+        raise ValueError("lse/lse_part: backend 'cutlass' needs unit stride on the token (last) dim")
+    if cfg is None:
+        cfg = split_config(_DTYPE_NAMES[q.dtype], D, plan.tile.block_m, paged)
+    elif (cfg.block_m, cfg.head_dim, cfg.paged, cfg.dtype) != (plan.tile.block_m, D, paged, _DTYPE_NAMES[q.dtype]):
+        raise ValueError(f"cfg: {cfg} does not match the plan / inputs")
+    launch = compile_split(cfg, arch_of(q.device))
+    parts = o_part is not None
+    op = o_part if parts else out  # never written when no request splits
+    lp = lse_part if parts else lse
+    p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
+    l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
+    bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
+    launch(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
+           plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(), bt.data_ptr(), op.data_ptr(), lp.data_ptr(),
+           out.data_ptr(), lse.data_ptr(),
+           plan.max_splits, B, plan.num_kv_heads, plan.m_tiles, plan.qhead_per_kvhead, Sq,
+           k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)),
+           *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], bt.stride(0) if paged else 0,
+           *p_strides, *l_strides, *out.stride()[:3], *lse.stride()[:2],
+           float(scale) * LOG2E, _stream(q.device))
+
+
+def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
+    """Out-parameter combine op: out [B, T, H, D], lse [B, H, T] <- merge of the partials."""
+    S, B, H, T, D = o_part.shape
+    if B * H * T == 0:
+        return
+    if o_part.dtype not in _DTYPE_NAMES or out.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"o_part/out: backend 'cutlass' combines fp32/fp16/bf16 partials into fp16/bf16, "
+                        f"got {o_part.dtype} -> {out.dtype}")
+    if lse_part.dtype != torch.float32 or lse.dtype != torch.float32:
+        raise TypeError(f"lse_part/lse: expected float32, got {lse_part.dtype} / {lse.dtype}")
+    per_lane = D // 32  # each lane moves D / 32 contiguous elements
+    _check_rows("o_part", o_part, per_lane * o_part.element_size())
+    _check_rows("out", out, per_lane * out.element_size())
+    cfg = CombineConfig(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D)
+    launch = compile_combine(cfg, arch_of(out.device))
+    launch(o_part.data_ptr(), lse_part.data_ptr(), num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(),
+           S, B, H, T, int(skip_single),
+           *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride(),
+           _stream(out.device))
+
+
+def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+    """The backend contract (see splitkv.backends): split kernel, then combine for split requests."""
+    if q.shape[0] == 0:
+        return
+    if q.device.type != "cuda":
+        raise ValueError(f"q: backend 'cutlass' needs CUDA tensors, got {q.device}")
+    with torch.cuda.device(q.device):
+        split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+        if o_part is not None:
+            combine_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
+
+
+def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
+    if out.device.type != "cuda":
+        raise ValueError(f"out: backend 'cutlass' needs CUDA tensors, got {out.device}")
+    with torch.cuda.device(out.device):
+        combine_(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)

@@ -1,0 +1,180 @@
+"""CuTe DSL split kernel (sm80+ instructions, built for sm_90a): one CTA = (split s, request b,
+KV head, query tile), exactly the Triton split kernel's work unit and semantics.
+
+Algorithm: online softmax (base 2) over keys [s * chunk_lens[b], min((s+1) * chunk_lens[b], L_b))
+of request b (the last split, s = num_splits[b] - 1, runs on to L_b), with the qhead_per_kvhead
+query heads x Sq tokens of the KV head packed as the rows of the query tile (packed row p ->
+token p // G, head kvh * G + p % G), so each K/V byte is read once per KV head. Bottom-right
+causal: token i sits at position L_b - Sq + i and sees keys <= it.
+
+Layouts: q [B, Sq, Hq, D]; K/V contiguous [B, Lmax, Hkv, D] or paged [P, page_size, Hkv, D] +
+block_table [B, max_pages]; any strides with unit stride on D and 16-byte aligned rows.
+Outputs: num_splits[b] == 1 -> o [B, Sq, Hq, D] (q dtype) and lse [B, Hq, Sq] directly;
+otherwise o_part [S, B, Hq, Sq, D] fp32 (normalised), lse_part [S, B, Hq, Sq] fp32 natural log,
+-inf (and o_part 0) for a split that saw no key. Deterministic: fixed order everywhere, no atomics.
+
+Design (4 warps, see config.SplitConfig):
+  * memory pipeline: a ring of num_stages K+V tiles filled by 16-byte cp.async.cg, one commit
+    group per tile, num_stages - 1 tiles in flight while the CTA computes on the oldest; each
+    thread computes its rows' gmem addresses (so paged caches of any page size gather in place);
+  * MMA: mma.sync m16n8k16 (fp32 accumulate), operands by ldmatrix from swizzled smem. Each warp
+    owns 16 query rows and a slice of every tile's keys, with its own softmax state, merged once
+    in the epilogue — a 16-row query tile (GQA 4..16, Sq = 1) keeps all 4 warps busy;
+  * why mma.sync, not wgmma: decode is bound by HBM bytes, not by MMA issue (a 16-row tile does
+    2 x 16 x D flops per K/V element pair read); wgmma's M = 64 per warpgroup would pad a
+    16-row tile 4x and needs the TMA/mbarrier machinery that a per-row paged gather cannot use
+    unless page_size >= block_n. Measurements (H200, benchmarks/gpu_cutlass.py --sweep) of
+    stages / block_n alternatives belong here once run; none were possible on the CPU machine.
+"""
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from splitkv.backends.cutlass import layouts
+from splitkv.backends.cutlass.config import MMA_M, NUM_THREADS, SplitConfig
+from splitkv.backends.cutlass.epilogue import Outputs, merge_and_store, scratch_layouts, stash_warp_state
+from splitkv.backends.cutlass.mainloop import WarpAttention
+from splitkv.backends.cutlass.paging import KVRows, gmem_vec, load_kv_tile, load_q_tile
+from splitkv.backends.cutlass.softmax import OnlineSoftmax
+
+DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
+
+
+class SplitKernel:
+    def __init__(self, cfg: SplitConfig):
+        self.cfg = cfg
+        self.dtype = DTYPES[cfg.dtype]
+
+    def __repr__(self):  # the DSL mangles the repr into the kernel's symbol: keep it stable
+        return self.cfg.name
+
+    @cute.jit
+    def __call__(self, q: Int64, k: Int64, v: Int64, seqlens: Int64, nsplits: Int64, chunks: Int64,
+                 block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64,
+                 max_splits: Int32, batch: Int32, num_kv_heads: Int32, m_tiles: Int32, group: Int32,
+                 q_len: Int32, page_size: Int32, causal: Int32,
+                 s_qb: Int64, s_qt: Int64, s_qh: Int64, s_kb: Int64, s_kn: Int64, s_kh: Int64,
+                 s_vb: Int64, s_vn: Int64, s_vh: Int64, s_btb: Int64,
+                 s_ps: Int64, s_pb: Int64, s_ph: Int64, s_pt: Int64, s_ls: Int64, s_lb: Int64, s_lh: Int64,
+                 s_ob: Int64, s_ot: Int64, s_oh: Int64, s_lob: Int64, s_loh: Int64,
+                 scale_log2: Float32, stream: cuda.CUstream):
+        """Host side: launch grid (B * Hkv * m_tiles, max_splits). Addresses are raw device
+        pointers (ints), strides in elements."""
+        self.kernel(q, k, v, seqlens, nsplits, chunks, block_table, o_part, lse_part, out, lse,
+                    num_kv_heads, m_tiles, group, q_len, page_size, causal,
+                    (s_qb, s_qt, s_qh), (s_kb, s_kn, s_kh), (s_vb, s_vn, s_vh), s_btb,
+                    (s_ps, s_pb, s_ph, s_pt), (s_ls, s_lb, s_lh, Int64(1)), (s_ob, s_ot, s_oh),
+                    (s_lob, s_loh), scale_log2,
+                    ).launch(grid=[batch * num_kv_heads * m_tiles, max_splits, 1],
+                             block=[NUM_THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, q: Int64, k: Int64, v: Int64, seqlens: Int64, nsplits: Int64, chunks: Int64,
+               block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64,
+               num_kv_heads: Int32, m_tiles: Int32, group: Int32, q_len: Int32, page_size: Int32,
+               causal: Int32, q_strides, k_strides, v_strides, s_btb: Int64, part_strides,
+               lpart_strides, out_strides, lse_strides, scale_log2: Float32):
+        cfg = self.cfg
+        BM, BN, D, ST = cfg.block_m, cfg.block_n, cfg.head_dim, cfg.num_stages
+        KPW, WN = cfg.keys_per_warp, cfg.warps_n
+        tidx, _, _ = cute.arch.thread_idx()
+        pid, split, _ = cute.arch.block_idx()  # (request, head, tile) on x: gridDim.y stops at 65535
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        wm = warp // WN
+        wn = warp - wm * WN
+        mt = pid % m_tiles
+        kvh = (pid // m_tiles) % num_kv_heads
+        b = pid // (m_tiles * num_kv_heads)
+
+        n_splits = gmem_vec(Int32, nsplits + Int64(b) * 4, 1, 4)[0]
+        if split < n_splits:
+            seqlen = gmem_vec(Int32, seqlens + Int64(b) * 4, 1, 4)[0]
+            chunk = gmem_vec(Int32, chunks + Int64(b) * 4, 1, 4)[0]
+            start = split * chunk
+            end = cutlass.min(start + chunk, seqlen)
+            if split == n_splits - 1:
+                end = seqlen
+            n_tiles = (cutlass.max(end - start, 0) + BN - 1) // BN
+            num_rows = q_len * group
+            row0 = mt * BM
+
+            smem = cutlass.utils.SmemAllocator()
+            sQ = smem.allocate_tensor(self.dtype, layouts.smem_tile(BM, D), 1024)
+            # one region: the K and V rings, later overlaid by the epilogue's fp32 scratch
+            ring = smem.allocate(cfg.smem_bytes - BM * D * cfg.elem_bytes - 1024, 1024)
+            kv_layout = layouts.smem_tile(BN, D, ST)
+            sK = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype), kv_layout)
+            sV = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype) + cute.cosize(kv_layout), kv_layout)
+
+            gcopy = layouts.g2s_copy(self.dtype)
+            thr_copy = gcopy.get_slice(tidx)
+            tQsQ = thr_copy.partition_D(sQ)
+            tQcQ = thr_copy.partition_S(cute.make_identity_tensor((BM, D)))
+            tKsK = thr_copy.partition_D(sK)
+            tVsV = thr_copy.partition_D(sV)
+            tKcK = thr_copy.partition_S(cute.make_identity_tensor((BN, D)))
+            kv = KVRows.create(cfg.paged, self.dtype, k, v, k_strides, v_strides, kvh, b, block_table, s_btb,
+                        page_size)
+
+            # prologue: Q and the first num_stages - 1 tiles, one commit group per tile
+            load_q_tile(gcopy, self.dtype, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
+            for t in cutlass.range_constexpr(ST - 1):
+                if t < n_tiles:
+                    load_kv_tile(gcopy, kv, tKsK[None, None, None, t], tVsV[None, None, None, t], tKcK,
+                                 start + t * BN, end)
+                cute.arch.cp_async_commit_group()
+
+            sQ_w = cute.local_tile(sQ, (MMA_M, D), (wm, 0))
+            wa = WarpAttention.create(self.dtype, D, KPW, lane, sQ_w)
+            sm = OnlineSoftmax.create(cute.size(wa.s_coords, mode=[0]), scale_log2)
+            # key limit of each of this thread's accumulator rows: the split's end, and for causal
+            # the row token's position + 1; tiles wholly below mask_from need no mask
+            row_limit = cute.make_rmem_tensor((cute.size(wa.s_coords, mode=[0]),), Int32)
+            mask_from = end
+            if causal != 0:
+                mask_from = cutlass.min(end, seqlen - q_len + 1)
+            for r in cutlass.range_constexpr(cute.size(row_limit)):
+                tok = (row0 + wm * MMA_M + wa.s_coords[r, 0][0]) // group
+                lim = end
+                if causal != 0:
+                    lim = cutlass.min(end, seqlen - q_len + tok + 1)
+                row_limit[r] = lim
+
+            for t in cutlass.range(n_tiles, unroll=1):
+                # tile t has landed for every thread, and every warp is done with tile t - 1,
+                # whose stage the next load overwrites
+                cute.arch.cp_async_wait_group(ST - 2)
+                cute.arch.barrier()
+                nxt = t + ST - 1
+                if nxt < n_tiles:
+                    ns = nxt % ST
+                    load_kv_tile(gcopy, kv, tKsK[None, None, None, ns], tVsV[None, None, None, ns], tKcK,
+                                 start + nxt * BN, end)
+                cute.arch.cp_async_commit_group()
+                stage = t % ST
+                n0 = start + t * BN
+                sK_w = cute.local_tile(sK[None, None, stage], (KPW, D), (wn, 0))
+                sV_w = cute.local_tile(sV[None, None, stage], (KPW, D), (wn, 0))
+                acc_s = wa.scores(sK_w)
+                if n0 + BN > mask_from:
+                    wa.mask(acc_s, n0 + wn * KPW, row_limit)
+                sm.update(acc_s, wa.acc_o)
+                wa.accumulate(acc_s, sV_w)
+
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()  # the K/V ring is free: the epilogue scratch overlays it
+            sm.finalize()
+            red_layout, stats_layout = scratch_layouts(BM, D, WN)
+            scratch = cute.recast_ptr(ring, dtype=Float32)
+            sRed = cute.make_tensor(scratch, red_layout)
+            sMax = cute.make_tensor(scratch + cute.cosize(red_layout), stats_layout)
+            sSum = cute.make_tensor(scratch + cute.cosize(red_layout) + cute.cosize(stats_layout), stats_layout)
+            sRed_w = cute.local_tile(sRed[None, None, wn], (MMA_M, D), (wm, 0))
+            stash_warp_state(wa, sm, sRed_w, sMax, sSum, wn, wm * MMA_M, lane)
+            cute.arch.barrier()
+            outs = Outputs(self.dtype, n_splits == 1, b, kvh, split, group, out, out_strides, lse,
+                           lse_strides, o_part, part_strides, lse_part, lpart_strides)
+            merge_and_store(sRed, sMax, sSum, outs, tidx, row0, num_rows, BM, D, WN)

@@ -1,0 +1,38 @@
+"""Launch compiled Triton kernels without the JIT's per-call argument binding.
+
+Why: measured on the H200 host (benchmarks/host_overhead.py, 2026-11-29), `kernel[grid](...)` with
+our ~45 arguments cost ~56 us of CPU per launch — several times the GPU time of a small decode.
+The first call of each specialisation goes through the normal JIT (compile + launch) and returns
+the CompiledKernel; later calls with the same key call its launcher directly.
+
+The key holds what Triton specialises on: constexprs, launch options, every int argument's value
+(strides: stable for a given shape) and whether all pointers are 16-byte aligned (otherwise we
+take the JIT path every time, which is always correct).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class FastLauncher:
+    def __init__(self, fn):
+        self.fn = fn
+        self.cache: dict = {}
+
+    def __call__(self, grid, tensors: tuple, scalars: tuple, constexprs: dict, num_warps: int,
+                 num_stages: int) -> None:
+        """Launch fn(*tensors, *scalars, **constexprs); constexprs must be the trailing parameters
+        of fn in signature order."""
+        aligned = all((t.data_ptr() & 15) == 0 for t in tensors)
+        key = ((tuple(constexprs.values()), num_warps, num_stages, tuple(t.dtype for t in tensors), scalars)
+               if aligned else None)
+        kernel = self.cache.get(key) if key is not None else None
+        if kernel is None:
+            kernel = self.fn[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
+            if key is not None and kernel is not None:  # None under TRITON_INTERPRET
+                self.cache[key] = kernel
+            return
+        stream = torch.cuda.current_stream(tensors[0].device).cuda_stream
+        kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, kernel.function, kernel.packed_metadata,
+                   None, None, None, *tensors, *scalars, *constexprs.values())

@@ -1,0 +1,198 @@
+"""`python -m splitkv bench`: argument parsing, progress, and wiring of the bench modules.
+
+Exit status: 0, or 1 when a splitkv row failed or its error vs the reference exceeds
+report.ERR_WARN relative (a peer's failure never changes the status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from . import registry, report, runner, shapes
+from .sweep import parse_range, run_sweep
+
+SWEEP_RANGE = {"full": "1:64", "peers": "1:64", "quick": "1:8"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m splitkv bench",
+        description="Decode attention benchmark: splitkv vs peers (see benchmarks/README.md).")
+    ap.add_argument("--suite", choices=tuple(shapes.SUITES), default="full",
+                    help="shape suite (default: full)")
+    ap.add_argument("--quick", action="store_true", help="same as --suite quick (tiny, CPU-friendly)")
+    ap.add_argument("--shapes", help="comma-separated globs on shape names, e.g. 'b1-*,*-paged16'")
+    ap.add_argument("--list", action="store_true", help="list the selected shapes and providers, then exit")
+    ap.add_argument("--providers", help="names or groups (splitkv, peers, all); default: splitkv,peers")
+    ap.add_argument("--backends", help="splitkv backends for the 'splitkv' group (default: triton,cutlass on "
+                                       "CUDA, torch on CPU)")
+    ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16 (default: bf16)")
+    ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
+    ap.add_argument("--reps", type=int, default=None, help="cap on timed repetitions / graph replays "
+                                                           "(default 20; 3 for --suite quick)")
+    ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
+    ap.add_argument("--num-splits", default="auto",
+                    help="auto (planner), N (force N splits in splitkv rows), or sweep "
+                         "(add the planner's report card)")
+    ap.add_argument("--sweep-range", help="num_splits range LO:HI for the sweep (default 1:64; quick 1:8)")
+    ap.add_argument("--sweep-shapes",
+                    help="globs of shapes to sweep (default: a built-in subset of the suite)")
+    ap.add_argument("--sweep-only", action="store_true", help="with --num-splits sweep: skip the main table")
+    ap.add_argument("--explain", action="store_true",
+                    help="print each splitkv row's plan (DecodePlan.describe())")
+    ap.add_argument("--json", metavar="PATH", help="write rows + metadata as JSON")
+    ap.add_argument("--markdown", metavar="PATH", help="write a markdown report")
+    ap.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
+    ap.add_argument("--sol-tbps", type=float, default=report.SOL_TBPS,
+                    help="speed of light, TB/s (default: H200 4.8)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar / progress lines")
+    return ap
+
+
+def _device(text: str) -> torch.device:
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(text)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device: CUDA is not available on this machine")
+    return dev
+
+
+class _Progress:
+    """rich progress bar on a terminal; one plain line per shape otherwise (logs of remote runs)."""
+
+    def __init__(self, console, total: int, enabled: bool):
+        self.console, self.total, self.enabled = console, total, enabled
+        self.bar = self.task = None
+        self.done, self.last, self.t0 = 0, None, time.perf_counter()
+
+    def __enter__(self):
+        if self.enabled and self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("bench", total=self.total)
+        return self
+
+    def step(self, shape: str, what) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=f"{shape} · {what}")
+        elif self.enabled and shape != self.last:
+            self.console.print(f"[{self.done}/{self.total}] {shape}  ({time.perf_counter() - self.t0:.0f} s)",
+                               highlight=False)
+        self.last = shape
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    args = build_parser().parse_args(argv)
+    suite_name = "quick" if args.quick else args.suite
+    device = _device(args.device)
+    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    bad = [d for d in dtypes if d not in runner.DTYPES]
+    if bad or not dtypes:
+        raise SystemExit(f"--dtypes: expected a list of {tuple(runner.DTYPES)}, got {args.dtypes!r}")
+    sweep = args.num_splits == "sweep"
+    forced = None
+    if args.num_splits not in ("auto", "sweep"):
+        if not args.num_splits.isdigit() or int(args.num_splits) < 1:
+            raise SystemExit(f"--num-splits: expected auto, sweep or an int >= 1, got {args.num_splits!r}")
+        forced = int(args.num_splits)
+    splits = None
+    if sweep:
+        try:
+            splits = parse_range(args.sweep_range or SWEEP_RANGE[suite_name])
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+    backends = (tuple(b.strip() for b in args.backends.split(",") if b.strip()) if args.backends
+                else registry.default_backends(device))
+    reps = args.reps if args.reps is not None else (3 if suite_name == "quick" else 20)
+    cfg = runner.Config(device=device, suite=suite_name, dtypes=dtypes, reps=max(reps, 1),
+                        graph=not args.no_graph, num_splits=forced, seed=args.seed)
+    selected = shapes.select(shapes.suite(suite_name), args.shapes)
+    if not selected:
+        raise SystemExit(f"--shapes: no shape of suite {suite_name!r} matches {args.shapes!r} (see --list)")
+    try:
+        providers, skipped = registry.select(args.providers, backends, forced)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    console = Console(highlight=False)
+    if not console.is_terminal:  # logs of remote runs: wide enough that rows do not wrap
+        console = Console(highlight=False, width=220)
+    argv_text = report.argv_str(argv)
+    if args.list:
+        for s in selected:
+            console.print(f"{s.name:44s} {s.bytes(2) / 1e6:10.1f} MB (bf16)")
+        console.print("providers: " + ", ".join(p.name for p in providers))
+        if skipped:
+            console.print("skipped: " + "; ".join(f"{n} ({r})" for n, r in skipped))
+        return 0
+    rows: list[dict] = []
+    sweep_rows: list[dict] = []
+
+    def write(note: str | None = None) -> None:
+        meta = report.collect_meta(device, argv_text.split(), args.sol_tbps)
+        meta.update(suite=suite_name, reps=cfg.reps, graph=cfg.graph, num_splits=args.num_splits)
+        if note:
+            meta["incomplete"] = note
+        if args.json:
+            report.write_json(args.json, meta, skipped, rows, sweep_rows)
+        if args.markdown:
+            report.write_markdown(args.markdown, meta, skipped, rows, sweep_rows)
+
+    try:
+        if not (sweep and args.sweep_only):
+            total = len(selected) * len(providers) * len(dtypes)
+            with _Progress(console, total, not args.no_progress) as prog:
+                runner.run(selected, providers, cfg, on_step=prog.step, rows=rows)
+            report.finalize(rows, args.sol_tbps)
+            report.print_table(console, rows, skipped, explain=args.explain)
+        if sweep:
+            sweep_rows += _sweep(args, cfg, suite_name, selected, providers, splits, console)
+    except BaseException as exc:  # a CUDA fault or ^C: keep what was measured, then stop
+        report.finalize(rows, args.sol_tbps)
+        write(f"stopped after {len(rows)} rows: {type(exc).__name__}: {exc}")
+        raise
+    write()
+    if args.plot:
+        from .plots import write_plots
+
+        for path in write_plots(rows, args.plot, args.sol_tbps, sweep_rows):
+            console.print(f"wrote {path}")
+    ours = [r for r in rows if r["kind"] == "splitkv"]
+    failed = [r for r in ours if r["status"] == "error" or report.err_flag(r)]
+    for r in failed:
+        console.print(f"[red]FAILED[/] {r['shape']} {r['provider']}: status={r['status']} "
+                      f"rel_err={r['rel_err']} graph_rel_err={r['graph_rel_err']} {r['note']}")
+    return 1 if failed else 0
+
+
+def _sweep(args, cfg, suite_name, selected, providers, splits, console) -> list[dict]:
+    ours = [p for p in providers if p.kind == "splitkv"]
+    if not ours:
+        console.print("sweep: no splitkv backend selected; skipped")
+        return []
+    patterns = args.sweep_shapes or ",".join(shapes.SWEEP_DEFAULT.get(suite_name, ()))
+    targets = shapes.select(selected, patterns)
+    if not targets and args.shapes and not args.sweep_shapes:
+        targets = selected  # the user narrowed the suite to shapes outside the default subset
+    if not targets:
+        console.print(f"sweep: no selected shape matches {patterns!r}; skipped")
+        return []
+    backend = ours[0].backend
+    with _Progress(console, len(targets) * len(splits), not args.no_progress) as prog:
+        result = run_sweep(targets, backend, cfg, splits, on_step=prog.step)
+    report.print_sweep(console, result)
+    return result

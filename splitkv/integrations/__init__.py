@@ -1,0 +1,5 @@
+"""Glue between splitkv and model libraries. Each submodule imports its library lazily (an
+optional extra), so `import splitkv` never needs them:
+
+    splitkv.integrations.hf   Hugging Face transformers (pip install splitkv[hf])
+"""

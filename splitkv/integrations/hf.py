@@ -1,0 +1,269 @@
+"""Hugging Face transformers decode through splitkv: a registered attention function plus cache glue,
+no fork of the model code. Llama-family models (those whose attention calls
+`ALL_ATTENTION_FUNCTIONS[config._attn_implementation]` with post-RoPE query/key/value).
+
+    ids = splitkv.integrations.hf.generate(model, input_ids, 32, attention_mask=mask)
+
+How a generation runs:
+  * prefill — the model's own forward and attention (whatever config._attn_implementation says)
+    over the left-padded prompt with a transformers DynamicCache; then every layer's K/V of each
+    request's real tokens (padding dropped) is copied into a splitkv PagedKVCache;
+  * decode — config._attn_implementation is switched to "splitkv" (registered in transformers'
+    AttentionInterface) and the model runs one token per request with use_cache=False: each
+    layer's attention receives the new token's post-RoPE q, k, v, appends k, v to the paged cache
+    and calls splitkv.decode over it. The model builds no mask for an implementation it does not
+    know, and the paged cache holds no padding, so none is needed. The step's plan is made once,
+    at layer 0, from host-known lengths, and reused by every layer (no device->host read).
+
+Positions follow transformers' generate for left padding: request b's real tokens sit at
+0 .. n_b - 1, its k-th new token at n_b + k. Greedy tokens match `model.generate(do_sample=False)`
+(same EOS/padding rule) up to floating-point ties.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from ..api import decode
+from ..cache import PagedKVCache
+from ..plan import DecodePlan, build_plan
+from ..validate import SUPPORTED_HEAD_DIMS
+
+ATTN_NAME = "splitkv"
+_ACTIVE: contextvars.ContextVar[DecodeState | None] = contextvars.ContextVar("splitkv_hf_state", default=None)
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError("splitkv.integrations.hf needs transformers: pip install 'splitkv[hf]'") from e
+    return transformers
+
+
+@dataclass
+class DecodeState:
+    """One batch of requests being decoded: the paged cache and where each request stands."""
+
+    cache: PagedKVCache
+    seq_ids: list[int]
+    positions: torch.Tensor  # int64 [B]: position of each request's next token
+    backend: str = "auto"
+    num_splits: int | None = None
+    plan: DecodePlan | None = field(default=None, repr=False)  # this step's, made at layer 0
+
+    def free(self) -> None:
+        for sid in self.seq_ids:
+            self.cache.free(sid)
+        self.seq_ids = []
+
+
+def splitkv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function: query [B, Hq, Sq, D], key/value [B, Hkv, Sq, D] of the new
+    tokens (post-RoPE) -> (attn_output [B, Sq, Hq, D], None)."""
+    state = _ACTIVE.get()
+    if state is None:
+        raise RuntimeError("splitkv attention runs only inside splitkv.integrations.hf.decode_step / "
+                           "generate (it needs their paged KV cache)")
+    layer = module.layer_idx
+    cache = state.cache
+    cache.append(state.seq_ids, key.transpose(1, 2), value.transpose(1, 2), layer=layer)
+    block_table, seqlens = cache.batch(state.seq_ids, layer=layer)
+    B, Hq, Sq, D = query.shape
+    if state.plan is None:  # lengths are known on the host: plan without reading seqlens back
+        lengths = [cache.seq_len(s, layer) for s in state.seq_ids]
+        state.plan = build_plan(lengths, batch=B, num_q_heads=Hq, num_kv_heads=key.shape[1], head_dim=D,
+                                q_len=Sq, device=query.device, num_splits=state.num_splits)
+    o = decode(query.transpose(1, 2), cache.k_pages(layer), cache.v_pages(layer), seqlens,
+               block_table=block_table, softmax_scale=scaling, plan=state.plan, backend=state.backend)
+    return o, None
+
+
+def register() -> str:
+    """Register "splitkv" in transformers' AttentionInterface (idempotent); returns the name."""
+    _transformers()
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, splitkv_attention)
+    return ATTN_NAME
+
+
+@contextlib.contextmanager
+def use_splitkv(model):
+    """Within the block, the model's attention is splitkv's (restored on exit)."""
+    register()
+    old = model.config._attn_implementation
+    _set_attention(model, ATTN_NAME)
+    try:
+        yield model
+    finally:
+        _set_attention(model, old)
+
+
+def _set_attention(model, name) -> None:
+    if name == model.config._attn_implementation:
+        return
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:  # older transformers: one config object shared by every layer
+        model.config._attn_implementation = name
+
+
+def _cache_kwarg(model) -> str:
+    """transformers renamed forward's `past_key_values` to `cache` (5.2x, old name deprecated)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
+
+
+def _layer_kv(cache, layer: int):
+    if hasattr(cache, "layers"):  # transformers >= 4.56: DynamicCache.layers[l].keys / .values
+        return cache.layers[layer].keys, cache.layers[layer].values
+    return cache.key_cache[layer], cache.value_cache[layer]
+
+
+def _model_dims(model):
+    cfg = model.config
+    Hq = cfg.num_attention_heads
+    Hkv = getattr(cfg, "num_key_value_heads", None) or Hq
+    D = getattr(cfg, "head_dim", None) or cfg.hidden_size // Hq
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"model: head dim {D} is not supported by splitkv "
+                         f"(expected one of {SUPPORTED_HEAD_DIMS})")
+    return Hkv, D, cfg.num_hidden_layers
+
+
+def _prompt_lengths(input_ids, attention_mask):
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids: expected a 2-D tensor [B, S], got "
+                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    B, S = input_ids.shape
+    if attention_mask is None:
+        return torch.full((B,), S, dtype=torch.long, device=input_ids.device)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask: expected shape {tuple(input_ids.shape)} like input_ids, "
+                         f"got {tuple(attention_mask.shape)}")
+    n = attention_mask.long().sum(-1)
+    left = attention_mask.long().flip(-1).cumprod(-1).sum(-1)  # trailing ones of each row
+    if bool((left != n).any()) or bool((n == 0).any()):
+        raise ValueError("attention_mask: expected left padding (each row: zeros, then at least one 1, "
+                         "then only ones), as for transformers' generate with decoder-only models")
+    return n
+
+
+@torch.no_grad()
+def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_size=64, backend="auto",
+            num_splits=None):
+    """Run the prompt through the model's own attention; returns (DecodeState, last-token logits
+    [B, vocab]). The state's PagedKVCache has room for max_new_tokens more tokens per request."""
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
+    transformers = _transformers()
+    Hkv, D, num_layers = _model_dims(model)
+    n = _prompt_lengths(input_ids, attention_mask)
+    B, S = input_ids.shape
+    lengths = n.tolist()
+    if attention_mask is None:
+        position_ids = torch.arange(S, device=input_ids.device).expand(B, S)
+    else:  # transformers' generate: cumsum of the mask (padding positions are never attended)
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    try:
+        dyn = transformers.DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        dyn = transformers.DynamicCache()
+    kw = {_cache_kwarg(model): dyn}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kw["logits_to_keep"] = 1
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                **kw)
+    logits = out.logits[:, -1]
+
+    dtype = next(model.parameters()).dtype
+    pages = sum(-(-(L + max_new_tokens) // page_size) for L in lengths) + B
+    cache = PagedKVCache(pages, page_size, Hkv, D, num_layers=num_layers, dtype=dtype,
+                         device=input_ids.device)
+    ids = [cache.add_sequence() for _ in range(B)]
+    for layer in range(num_layers):
+        k, v = _layer_kv(dyn, layer)  # [B, Hkv, S, D], left-padded
+        for b, sid in enumerate(ids):
+            cache.append([sid], k[b:b + 1, :, S - lengths[b]:].transpose(1, 2),
+                         v[b:b + 1, :, S - lengths[b]:].transpose(1, 2), layer=layer)
+    del dyn, out
+    if backend == "auto" and dtype == torch.float32 and input_ids.is_cuda:
+        backend = "torch"  # the GPU kernels take fp16/bf16 only
+    return DecodeState(cache, ids, n.clone(), backend, num_splits), logits
+
+
+@torch.no_grad()
+def decode_step(model, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
+    """Feed one new token per request ([B] or [B, 1]) through the model with splitkv attention;
+    returns the next-token logits [B, vocab]. Call inside `use_splitkv(model)` to skip switching
+    the attention implementation at every step."""
+    tokens = tokens.reshape(-1, 1)
+    if tokens.shape[0] != len(state.seq_ids):
+        raise ValueError(f"tokens: expected one token per request ({len(state.seq_ids)}), "
+                         f"got {tokens.shape[0]}")
+    kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    state.plan = None
+    ctx = use_splitkv(model) if model.config._attn_implementation != ATTN_NAME else contextlib.nullcontext()
+    token = _ACTIVE.set(state)
+    try:
+        with ctx:
+            out = model(input_ids=tokens, position_ids=state.positions[:, None], use_cache=False, **kw)
+    finally:
+        _ACTIVE.reset(token)
+    state.positions += 1
+    return out.logits[:, -1]
+
+
+_DEFAULT = object()  # "take it from model.generation_config" (None means none, as in generate)
+
+
+def _eos_pad(model, eos_token_id, pad_token_id):
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if eos_token_id is _DEFAULT else eos_token_id
+    if isinstance(eos, int):
+        eos = [eos]
+    pad = getattr(gen, "pad_token_id", None) if pad_token_id is _DEFAULT else pad_token_id
+    if pad is None and eos:
+        pad = eos[0]  # transformers' generate does the same (with a warning)
+    return (list(eos) if eos else None), pad
+
+
+@torch.no_grad()
+def generate(model, input_ids, max_new_tokens, *, attention_mask=None, eos_token_id=_DEFAULT,
+             pad_token_id=_DEFAULT, page_size=64, backend="auto", num_splits=None, output_logits=False):
+    """Greedy generation whose every decode step runs through splitkv; returns token ids
+    [B, S + new] like `model.generate(input_ids, attention_mask=..., max_new_tokens=...,
+    do_sample=False)` (prompt included; finished rows padded with pad_token_id; stops early when
+    every row has produced an EOS). eos_token_id / pad_token_id default to model.generation_config's;
+    an explicit None means none, as in generate. output_logits=True also returns the logits
+    [B, new, vocab]."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+    eos, pad = _eos_pad(model, eos_token_id, pad_token_id)
+    state, logits = prefill(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                            page_size=page_size, backend=backend, num_splits=num_splits)
+    eos_t = torch.tensor(eos, device=input_ids.device) if eos else None
+    unfinished = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    new, seen = [], []
+    try:
+        with use_splitkv(model):
+            for step in range(max_new_tokens):
+                seen.append(logits)
+                tok = logits.argmax(-1)
+                if eos_t is not None:
+                    tok = torch.where(unfinished, tok, pad)
+                    unfinished &= ~torch.isin(tok, eos_t)
+                new.append(tok)
+                if step + 1 == max_new_tokens or (eos_t is not None and not bool(unfinished.any())):
+                    break
+                logits = decode_step(model, state, tok)
+    finally:
+        state.free()
+    ids = torch.cat((input_ids, torch.stack(new, 1).to(input_ids.dtype)), 1)
+    return (ids, torch.stack(seen, 1)) if output_logits else ids

@@ -1,0 +1,277 @@
+"""Diagnostics: heat maps of the per-split partial LSE of a real decode call.
+
+    rep = splitkv.viz.lse_heatmap(q, k_cache, v_cache, cache_seqlens, out="lse.png")
+    rep.anomalies            # [Anomaly(request, split, head, query, kind, value, detail)]
+
+The partials come from the documented debug hook `splitkv.debug.capture_partials()` around an
+ordinary `splitkv.decode` call (no second code path). One panel per request: rows are splits,
+columns are query heads (x Sq for speculative verify); splits past the request's num_splits are
+grey. Anomalies are flagged in the figure and on stdout:
+  nan           NaN partial LSE in a used split
+  inf           +inf partial LSE
+  -inf          -inf in a split that has visible keys (it should have a finite LSE)
+  empty-finite  a finite LSE in a split with no visible key (empty splits must write -inf)
+  outlier       a split whose per-key LSE, lse - log(visible keys), exceeds the mean of its
+                neighbouring splits' by more than `outlier_nats` (an attention sink can do this
+                legitimately; corrupt K or a wrong scale does it too)
+
+CLI: `python -m splitkv heatmap --out PATH [--inputs FILE]` (see heatmap_main).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import debug
+from .api import decode
+from .plan import plan as make_plan
+
+OUTLIER_NATS = 8.0  # e^8 ~ 3000x more softmax mass per key than the neighbouring splits
+MAX_PANELS = 8
+
+
+@dataclass
+class Anomaly:
+    request: int
+    split: int
+    head: int
+    query: int
+    kind: str
+    value: float
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return (f"request {self.request} split {self.split} head {self.head} query {self.query}: "
+                f"{self.kind} (lse={self.value:.4g}) {self.detail}".rstrip())
+
+
+@dataclass
+class LseReport:
+    lse: torch.Tensor  # [S, B, Hq, Sq] fp32 partial LSE (natural log)
+    num_splits: torch.Tensor  # [B]
+    keys: torch.Tensor  # [S, B, Sq] visible keys of each split for each query
+    plan: str
+    anomalies: list[Anomaly] = field(default_factory=list)
+    path: Path | None = None
+
+
+def split_keys(cache_seqlens, num_splits, chunk_lens, num_splits_dim: int, q_len: int, causal: bool):
+    """[S, B, Sq] keys each split shows each query (the plan's split rule, see splitkv/plan.py)."""
+    L = cache_seqlens.long()[None, :, None]
+    n = num_splits.long()[None, :, None]
+    c = chunk_lens.long()[None, :, None]
+    s = torch.arange(num_splits_dim)[:, None, None]
+    start = s * c
+    end = torch.where(s == n - 1, L, torch.minimum(start + c, L))
+    if causal:
+        end = torch.minimum(end, L - q_len + torch.arange(q_len)[None, None, :] + 1)
+    keys = (end - start).clamp_(min=0)
+    return torch.where(s < n, keys, torch.zeros_like(keys))
+
+
+def find_anomalies(lse, keys, num_splits, outlier_nats: float = OUTLIER_NATS) -> list[Anomaly]:
+    """Anomalies of partial LSE [S, B, Hq, Sq] given visible keys [S, B, Sq] (see module doc)."""
+    S, B, H, T = lse.shape
+    used = torch.arange(S)[:, None] < num_splits.long()[None, :]  # [S, B]
+    k = keys[:, :, None, :].expand(S, B, H, T)
+    u = used[:, :, None, None].expand(S, B, H, T)
+    out: list[Anomaly] = []
+
+    def add(mask, kind, detail_fn):
+        for s, b, h, t in mask.nonzero().tolist():
+            out.append(Anomaly(b, s, h, t, kind, float(lse[s, b, h, t]), detail_fn(s, b, h, t)))
+
+    add(u & torch.isnan(lse), "nan", lambda s, b, h, t: f"({int(k[s, b, h, t])} keys)")
+    add(u & torch.isposinf(lse), "inf", lambda *i: "")
+    add(u & torch.isneginf(lse) & (k > 0), "-inf",
+        lambda s, b, h, t: f"with {int(k[s, b, h, t])} visible keys")
+    add(u & torch.isfinite(lse) & (k == 0), "empty-finite", lambda *i: "split has no visible key")
+    # per-key LSE, so a short last split is not "below" its neighbours just for being short
+    ok = u & torch.isfinite(lse) & (k > 0)
+    z = torch.where(ok, lse - torch.log(k.clamp(min=1).float()), torch.nan)
+    prev = torch.cat([torch.full_like(z[:1], torch.nan), z[:-1]])
+    nxt = torch.cat([z[1:], torch.full_like(z[:1], torch.nan)])
+    ref = torch.stack([prev, nxt]).nanmean(dim=0)  # nan where no neighbour is usable
+    gap = z - ref
+    add(ok & (gap > outlier_nats), "outlier",
+        lambda s, b, h, t: f"{float(gap[s, b, h, t]):.1f} nats/key above its neighbours")
+    return sorted(out, key=lambda a: (a.request, a.split, a.head, a.query))
+
+
+def collect(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
+            num_splits=None, plan=None, backend="auto") -> LseReport:
+    """Run one real decode under splitkv.debug.capture_partials() and return its partial LSE."""
+    with debug.capture_partials() as records:
+        decode(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+               softmax_scale=softmax_scale, num_splits=None if plan is not None else num_splits,
+               plan=plan, backend=backend)
+    rec = records[-1]
+    lse = rec.lse_part.float()
+    S, T = lse.shape[0], lse.shape[3]
+    if rec.o_part is None:  # nothing split: the record holds the final lse as split 0
+        lengths = rec.cache_seqlens
+        chunks = lengths.clamp(min=1)
+    else:
+        chunks = rec.plan.chunk_lens.detach().cpu()
+    keys = split_keys(rec.cache_seqlens, rec.num_splits, chunks, S, T, causal)
+    return LseReport(lse, rec.num_splits, keys, rec.plan.describe())
+
+
+def draw(rep: LseReport, path, requests=None, title: str = "") -> Path:
+    """Write the heat map PNG (Agg canvas; no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    S, B, H, T = rep.lse.shape
+    flagged = sorted({a.request for a in rep.anomalies})
+    if requests is None:
+        requests = sorted(set(list(range(min(B, 4))) + flagged))[:MAX_PANELS]
+    rows = max(int(rep.num_splits[requests].max()), 1)
+    width = min(max(6.5, 3 + 0.22 * H * T), 14)
+    fig = Figure(figsize=(width, 2.0 + min(0.25 * rows, 5) * len(requests)), layout="constrained")
+    axes = fig.subplots(len(requests), 1, squeeze=False)[:, 0]
+    finite = rep.lse[torch.isfinite(rep.lse)]
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
+    cmap = _cmap()
+    for ax, b in zip(axes, requests, strict=True):
+        n = int(rep.num_splits[b])
+        img = rep.lse[:rows, b].reshape(rows, H * T).clone()  # columns: head-major, then query
+        img[n:] = torch.nan
+        data = img.masked_fill(~torch.isfinite(img), torch.nan).numpy()
+        im = ax.imshow(data, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+        for a in rep.anomalies:
+            if a.request == b and a.split < rows:
+                x = a.head * T + a.query
+                outlier = a.kind == "outlier"
+                style = dict(marker="s", facecolors="none", s=60) if outlier else dict(marker="x", s=40)
+                ax.scatter([x], [a.split], color="red", linewidths=1.5, **style)
+        count = sum(a.request == b for a in rep.anomalies)
+        ax.set_title(f"request {b}: {n} splits" + (f" — {count} anomalies" if count else ""),
+                     fontsize=9, color="red" if count else "black")
+        ax.set_ylabel("split")
+        ax.set_xlabel("query head" + (" x query" if T > 1 else ""))
+        fig.colorbar(im, ax=ax, label="partial LSE")
+    head = title or "splitkv partial LSE per split"
+    if rep.anomalies:
+        head += f"\nANOMALIES: {len(rep.anomalies)} (x = NaN/inf, square = outlier)"
+    fig.suptitle(head, color="red" if rep.anomalies else "black", fontsize=10)
+    FigureCanvasAgg(fig)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _cmap():
+    import matplotlib
+
+    # grey: unused splits, and NaN/inf cells (marked with a red x on top)
+    return matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
+
+
+def lse_heatmap(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
+                num_splits=None, plan=None, backend="auto", out=None, requests=None,
+                outlier_nats: float = OUTLIER_NATS, echo: bool = True) -> LseReport:
+    """Decode once, collect the per-split partial LSE (split x head) through the debug hook, flag
+    anomalies (module doc), print them when echo, and draw the heat map to `out` (a PNG path) when
+    given. Inputs as for splitkv.decode."""
+    rep = collect(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
+                  softmax_scale=softmax_scale, num_splits=num_splits, plan=plan, backend=backend)
+    rep.anomalies = find_anomalies(rep.lse, rep.keys, rep.num_splits, outlier_nats)
+    if echo:
+        print(rep.plan)
+        print(f"{len(rep.anomalies)} anomalies" + (":" if rep.anomalies else ""))
+        for a in rep.anomalies[:20]:
+            print("  " + str(a))
+        if len(rep.anomalies) > 20:
+            print(f"  ... and {len(rep.anomalies) - 20} more")
+    if out is not None:
+        rep.path = draw(rep, out, requests)
+        if echo:
+            print(f"wrote {rep.path}")
+    return rep
+
+
+def plant_nan(k_cache, cache_seqlens, block_table, plan, request: int, split: int) -> int:
+    """Write NaN into K at the first key of `split` of `request` (per `plan`); returns the position.
+    For demonstrating / testing the anomaly flags."""
+    c = int(plan.chunk_lens[request])
+    pos = split * c
+    L = int(cache_seqlens[request])
+    if split >= int(plan.num_splits[request]) or pos >= L:
+        raise ValueError(f"split: request {request} has no keys in split {split} under this plan")
+    if block_table is None:
+        k_cache[request, pos] = float("nan")
+    else:
+        ps = k_cache.shape[1]
+        k_cache[int(block_table[request, pos // ps]), pos % ps] = float("nan")
+    return pos
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m splitkv heatmap",
+                                 description="Per-split partial-LSE heat map of one real decode call.")
+    ap.add_argument("--out", required=True, help="PNG path to write")
+    ap.add_argument("--inputs", help="torch.save'd dict with q, k_cache, v_cache, cache_seqlens "
+                                     "[, block_table, causal, softmax_scale]; random inputs when omitted")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--heads", default="32/8", help="Hq/Hkv")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--q-len", type=int, default=1)
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--num-splits", type=int, help="force the split count (default: the planner's)")
+    ap.add_argument("--requests", help="comma-separated requests to draw (default: first 4 + flagged)")
+    ap.add_argument("--plant-nan", metavar="REQ:SPLIT",
+                    help="write a NaN key into that split (demo of the flags)")
+    ap.add_argument("--outlier-nats", type=float, default=OUTLIER_NATS)
+    ap.add_argument("--strict", action="store_true", help="exit 1 when an anomaly is found")
+    return ap
+
+
+def _random_inputs(args, device):
+    hq, hkv = (int(x) for x in args.heads.split("/"))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    B, L, D = args.batch, args.seqlen, args.head_dim
+
+    def randn(*size):
+        return torch.randn(*size, generator=gen, device=device, dtype=dtype)
+
+    return {"q": randn(B, args.q_len, hq, D), "k_cache": randn(B, L, hkv, D), "v_cache": randn(B, L, hkv, D),
+            "cache_seqlens": torch.full((B,), L, dtype=torch.int32, device=device)}
+
+
+def heatmap_main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if args.device == "auto" else args.device)
+    if args.inputs:
+        data = torch.load(args.inputs, map_location=device, weights_only=True)
+        missing = [k for k in ("q", "k_cache", "v_cache", "cache_seqlens") if k not in data]
+        if missing:
+            raise SystemExit(f"--inputs: {args.inputs} lacks {missing} "
+                             "(expected a dict saved with torch.save)")
+    else:
+        data = _random_inputs(args, device)
+    q, k, v, seqlens = data["q"], data["k_cache"], data["v_cache"], data["cache_seqlens"]
+    bt = data.get("block_table")
+    causal = bool(data.get("causal", True))
+    p = make_plan(seqlens, q.shape[2], k.shape[2], q.shape[3], q_len=q.shape[1], num_splits=args.num_splits)
+    if args.plant_nan:
+        req, split = (int(x) for x in args.plant_nan.split(":"))
+        pos = plant_nan(k, seqlens, bt, p, req, split)
+        print(f"planted NaN at request {req}, key {pos} (split {split})")
+    requests = [int(x) for x in args.requests.split(",")] if args.requests else None
+    rep = lse_heatmap(q, k, v, seqlens, block_table=bt, causal=causal,
+                      softmax_scale=data.get("softmax_scale"), plan=p, backend=args.backend,
+                      out=args.out, requests=requests, outlier_nats=args.outlier_nats)
+    return 1 if (args.strict and rep.anomalies) else 0
+

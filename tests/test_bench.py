@@ -1,0 +1,249 @@
+"""splitkv.bench on the CPU: schema, byte model, error columns, n/a rows, plots, sweep. No timing
+assertions (CPU times say nothing about the GPU)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import splitkv.bench as bench
+from splitkv.bench import check, cli, inputs, registry, report, runner, shapes
+from splitkv.bench.providers import Provider, Session
+from splitkv.reference import decode_reference, gather_keys
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One CPU run of the quick suite with every output on (the runs are the slow part)."""
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["--quick", "--device", "cpu", "--no-progress", "--json", str(out / "bench.json"),
+            "--markdown", str(out / "bench.md"), "--plot", str(out / "plots"), "--num-splits", "sweep",
+            "--sweep-range", "1:4", "--reps", "2"]
+    rc = cli.main(argv)
+    return rc, out, json.loads((out / "bench.json").read_text())
+
+
+def test_quick_json_has_documented_schema(quick_run):
+    rc, _, doc = quick_run
+    assert rc == 0
+    assert doc["schema"] == report.SCHEMA
+    for key in ("date", "device", "driver", "torch", "triton", "cutlass", "sol_tbps", "command"):
+        assert key in doc["meta"]
+    assert doc["rows"]
+    for row in doc["rows"]:
+        assert tuple(row) == report.FIELDS
+    for field in report.FIELDS:  # the module docstring documents every field
+        assert field in bench.__doc__, field
+
+
+def test_quick_rows_error_columns_filled(quick_run):
+    _, _, doc = quick_run
+    by = {(r["shape"], r["provider"]): r for r in doc["rows"]}
+    ok = [r for r in doc["rows"] if r["status"] == "ok"]
+    assert {r["provider"] for r in ok} >= {"splitkv-torch", "sdpa-flash"}  # ours and a peer are checked
+    for r in ok:
+        assert r["max_abs_err"] is not None and r["rel_err"] is not None and r["err_scope"] == "all"
+        assert r["rel_err"] < report.ERR_WARN, r
+        assert r["eager_us"] > 0 and r["eager_reps"] >= 1
+        assert r["eager_tbps"] == pytest.approx(r["bytes"] / r["eager_us"] / 1e6)
+        assert r["graph_us"] is None  # no CUDA graphs on a CPU
+        assert r["cmd"].startswith("python -m splitkv bench --suite quick --shapes " + r["shape"])
+    assert all(r["status"] == "ok" for r in doc["rows"] if r["kind"] == "splitkv")
+    # peers that cannot take a layout are n/a, not emulated
+    paged = [s.name for s in shapes.quick_suite() if s.paged]
+    ragged = [s.name for s in shapes.quick_suite() if not s.uniform]
+    for name in paged + ragged:
+        assert by[(name, "sdpa-flash")]["status"] == "n/a"
+        assert by[(name, "sdpa-flash")]["max_abs_err"] is None
+    # ratio vs the best peer: the peer itself is 1.0
+    grid = [r for r in ok if r["provider"] == "sdpa-flash"]
+    assert grid and all(r["eager_vs_best_peer"] == pytest.approx(1.0) for r in grid)
+    skipped = {s["provider"] for s in doc["skipped_providers"]}
+    if not torch.cuda.is_available():
+        assert {"sdpa-cudnn", "flashinfer"} <= skipped
+
+
+def test_quick_markdown_and_sweep(quick_run):
+    _, out, doc = quick_run
+    md = (out / "bench.md").read_text()
+    assert "| shape |" in md and "splitkv-torch" in md and "planner" in md
+    (sw,) = doc["sweep"]
+    assert sw["shape"] == "b1-l1k-h4x2-d64" and sw["mode"] == "eager"
+    assert 1 <= sw["planner_splits"] and 1 <= sw["best_splits"] <= 4
+    assert math.isfinite(sw["regret_pct"]) and len(sw["curve"]) >= 2
+
+
+def test_plots_are_nontrivial_pngs(quick_run):
+    _, out, _ = quick_run
+    pngs = sorted((out / "plots").glob("*.png"))
+    names = {p.name for p in pngs}
+    assert "speedup_eager.png" in names and "sweep.png" in names
+    assert any(n.startswith("bandwidth_") for n in names)
+    for p in pngs:
+        data = p.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 10_000, p
+
+
+def test_byte_model_counts_valid_kv_plus_q_and_o():
+    # K+V: 2 * (10 + 20) keys * 2 heads * 8 dims * 2 B = 1920
+    # q+o: 2 * 2 requests * 3 tokens * 4 heads * 8 dims * 2 B = 768
+    assert shapes.byte_model([10, 20], 4, 2, 8, 3, 2) == 1920 + 768
+    s = shapes.make_shape(2, (10, 20), 4, 2, 8, q_len=3)
+    assert s.bytes(2) == 1920 + 768 and s.kv_bytes(2) == 1920
+
+
+def test_suites_match_peers_grid_and_names_are_unique():
+    peers = shapes.peers_suite()
+    names = [s.name for s in peers]
+    assert len(names) == 31  # PEERS.md grid minus K+V > 8 GiB
+    assert "b16-l128k-h32x8-d128" in names and "b64-l128k-h32x8-d128" not in names
+    full = shapes.full_suite()
+    assert len({s.name for s in full}) == len(full)
+    assert any(s.paged and s.page_size == 16 for s in full)
+    assert any(s.q_len == 4 and s.causal for s in full)
+    ragged = [s for s in full if not s.uniform]
+    assert ragged and min(ragged[0].seqlens) == 1024 and max(ragged[0].seqlens) == 131072
+    assert {64, 256} <= {s.head_dim for s in full}
+    assert [s.name for s in shapes.select(full, "b1-l4k-*-d128")] == [
+        "b1-l4k-h32x32-d128", "b1-l4k-h32x8-d128", "b1-l4k-h64x8-d128"]
+    assert shapes.select(full, "b1-l4k-h32x8-d128") == [s for s in full if s.name == "b1-l4k-h32x8-d128"]
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_page_view_addresses_the_same_keys(paged):
+    shape = shapes.make_shape(3, (17, 40, 33), 4, 2, 64, page_size=16 if paged else None)
+    case = inputs.build_case(shape, torch.float32, "cpu", seed=1)
+    ts = case.base
+    k_pages, _, indptr, indices, last = inputs.page_view(ts, shape)
+    for b, L in enumerate(shape.seqlens):
+        pages = indices[indptr[b]:indptr[b + 1]].long()
+        keys = k_pages[pages].reshape(-1, 2, 64)
+        assert int(last[b]) == L - 16 * (len(pages) - 1)
+        torch.testing.assert_close(keys[:L], gather_keys(ts.k_cache, b, L, ts.block_table), rtol=0, atol=0)
+
+
+def test_rotation_copies_are_distinct_and_equal():
+    case = inputs.build_case(shapes.make_shape(1, 64, 2, 1, 64), torch.float32, "cpu")
+    sets = case.rotation(3)
+    assert sets[0] is case.base and len(sets) == 3
+    assert sets[1].k_cache.data_ptr() != sets[0].k_cache.data_ptr()
+    torch.testing.assert_close(sets[2].v_cache, sets[0].v_cache, rtol=0, atol=0)
+    assert case.rotation_count() == inputs.MAX_ROTATION  # a 66 KB case needs the cap
+
+
+def test_reference_subsample_maps_rows_and_heads(monkeypatch):
+    monkeypatch.setattr(check, "FULL_CHECK_BYTES", 0)
+    shape = shapes.make_shape(4, (30, 90, 17, 64), 8, 4, 64, page_size=16)
+    case = inputs.build_case(shape, torch.float32, "cpu", seed=2)
+    ref = check.build_reference(case)
+    assert ref.rows == [1, 2] and ref.scope != "all"  # ragged: longest and shortest request
+    assert ref.q_heads == [0, 1, 6, 7]  # KV heads 0 and 3, two query heads each
+    ts = case.base
+    o, _ = decode_reference(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, block_table=ts.block_table)
+    err, rel = ref.error(o.float())
+    assert err < 1e-5 and rel < 1e-5
+    bad = o.clone()
+    bad[2, 0, 7, 0] += 1.0
+    assert ref.error(bad)[0] == pytest.approx(1.0, abs=1e-4)
+    bad[0, 0, 3, 0] += 5.0  # request 0 / head 3 are outside the subsample
+    assert ref.error(bad)[0] == pytest.approx(1.0, abs=1e-4)
+
+
+class _Raises(Provider):
+    name, kind = "broken", "peer"
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def session(self, case, graph):
+        exc = self.exc
+
+        class S(Session):
+            def bind(self, ts):
+                def call():
+                    raise exc
+                return call
+
+        return S()
+
+
+def test_failing_peer_becomes_row_status_not_a_crash():
+    shape = shapes.make_shape(1, 64, 2, 1, 64)
+    case = inputs.build_case(shape, torch.bfloat16, "cpu")
+    ref = check.build_reference(case)
+    cfg = runner.Config(device=torch.device("cpu"), suite="quick", reps=1)
+    row = runner.measure(case, ref, _Raises(RuntimeError("kernel exploded")), cfg, "bf16")
+    assert row["status"] == "error" and "kernel exploded" in row["note"] and row["eager_us"] is None
+    row = runner.measure(case, ref, _Raises(RuntimeError("No available kernel. Aborting")), cfg, "bf16")
+    assert row["status"] == "n/a"
+
+
+def test_finalize_ratio_vs_best_peer():
+    def row(provider, kind, us):
+        r = dict.fromkeys(report.FIELDS)
+        r.update(shape="s", dtype="bf16", provider=provider, kind=kind, bytes=4_800_000, eager_us=us)
+        return r
+
+    rows = [row("splitkv-triton", "splitkv", 1.0), row("a", "peer", 2.0), row("b", "peer", 4.0),
+            row("c", "peer", None)]
+    report.finalize(rows, sol_tbps=4.8)
+    assert rows[0]["eager_tbps"] == pytest.approx(4.8) and rows[0]["eager_pct_sol"] == pytest.approx(100)
+    assert rows[0]["eager_vs_best_peer"] == pytest.approx(2.0) and rows[0]["best_peer_eager"] == "a"
+    assert rows[2]["eager_vs_best_peer"] == pytest.approx(0.5)
+    assert rows[3]["eager_vs_best_peer"] is None and rows[0]["graph_vs_best_peer"] is None
+
+
+def test_provider_selection_and_cli_errors():
+    names = registry.expand("splitkv,peers", ("triton",))
+    assert names[0] == "splitkv-triton" and "sdpa-cudnn" in names and "flex" not in names
+    assert "flex" in registry.expand("all", ("torch",))
+    with pytest.raises(SystemExit):
+        cli.main(["--quick", "--shapes", "no-such-shape", "--no-progress"])
+    with pytest.raises(SystemExit):
+        cli.main(["--quick", "--providers", "nope", "--no-progress"])
+    with pytest.raises(SystemExit):
+        cli.main(["--quick", "--num-splits", "sweep", "--sweep-range", "5:2", "--no-progress"])
+    assert cli.main(["--quick", "--list", "--device", "cpu"]) == 0
+
+
+def test_graph_rows_check_the_graph_safe_output(monkeypatch):
+    """The graph branch (CUDA-only timing) with the timer faked: a graph-safe plan over rotation sets,
+    and the captured output is checked against the reference like the eager one."""
+    def fake_time_graph(fns, device, reps):
+        outs = [f() for f in fns]
+        return 1.0, len(fns), 1, outs[0]
+
+    monkeypatch.setattr(runner, "time_graph", fake_time_graph)
+    monkeypatch.setattr(inputs, "MAX_ROTATION", 3)  # a tiny case would otherwise rotate 64 copies
+    shape = shapes.make_shape(2, (300, 1000), 4, 2, 64, page_size=16)
+    case = inputs.build_case(shape, torch.bfloat16, "cpu")
+    ref = check.build_reference(case)
+    row = dict.fromkeys(report.FIELDS, None)
+    row["note"] = ""
+    cfg = runner.Config(device=torch.device("cpu"), suite="quick", reps=1)
+    runner._measure_graph(case, ref, registry.make("splitkv-torch"), cfg, row)
+    assert row["graph_plan"].startswith("DecodePlan[graph-safe]"), row
+    assert row["graph_us"] == 1.0 and row["graph_calls"] == 3
+    assert row["graph_rel_err"] < report.ERR_WARN and not report.err_flag(row)
+
+
+def test_rows_measured_before_a_crash_are_written(tmp_path, monkeypatch):
+    calls = []
+    real = runner.measure
+
+    def flaky(*args, **kw):
+        if len(calls) == 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(runner, "measure", flaky)
+    out = tmp_path / "partial.json"
+    with pytest.raises(RuntimeError):
+        cli.main(["--quick", "--device", "cpu", "--no-progress", "--reps", "1",
+                  "--shapes", "b1-l256-*,b2-l256-*", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == 2 and "illegal memory access" in doc["meta"]["incomplete"]

@@ -1,0 +1,91 @@
+"""splitkv.viz: partial-LSE heat maps through the debug hook, anomaly flags, the heatmap CLI."""
+
+import math
+
+import pytest
+import torch
+
+import splitkv
+from splitkv import viz
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _inputs(B=2, L=700, hq=4, hkv=2, D=64, q_len=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, q_len, hq, D, generator=g)
+    k = torch.randn(B, L, hkv, D, generator=g)
+    v = torch.randn(B, L, hkv, D, generator=g)
+    return q, k, v, torch.full((B,), L, dtype=torch.int32)
+
+
+def test_planted_nan_split_is_flagged_in_figure_and_stdout(tmp_path, capsys):
+    q, k, v, seqlens = _inputs()
+    p = splitkv.plan(seqlens, 4, 2, 64, num_splits=3)
+    viz.plant_nan(k, seqlens, None, p, request=1, split=1)
+    out = tmp_path / "lse.png"
+    rep = viz.lse_heatmap(q, k, v, seqlens, plan=p, backend="torch", out=out)
+    assert rep.lse.shape == (3, 2, 4, 1)
+    flagged = {(a.request, a.split, a.head, a.kind) for a in rep.anomalies}
+    assert flagged == {(1, 1, h, "nan") for h in range(4)}  # every head of that split, nothing else
+    printed = capsys.readouterr().out
+    assert "4 anomalies" in printed and "request 1 split 1 head 0 query 0: nan" in printed
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 10_000
+
+
+def test_clean_decode_has_no_anomalies_and_lse_matches_splits():
+    q, k, v, seqlens = _inputs(L=1000, q_len=3)
+    rep = viz.lse_heatmap(q, k, v, seqlens, num_splits=4, backend="torch", echo=False)
+    assert rep.anomalies == []
+    # merging the partials gives the reference lse: logsumexp over splits of the partial lse
+    from splitkv.reference import decode_reference
+
+    _, ref_lse = decode_reference(q, k, v, seqlens)
+    merged = torch.logsumexp(rep.lse.double(), dim=0)  # [B, Hq, Sq]
+    torch.testing.assert_close(merged, ref_lse, rtol=0, atol=1e-4)
+
+
+def test_split_keys_cover_each_query_exactly_once():
+    L, q_len = torch.tensor([37, 300], dtype=torch.int32), 4
+    n, c = torch.tensor([3, 5]), torch.tensor([16, 64])
+    keys = viz.split_keys(L, n, c, 5, q_len, causal=True)  # [S, B, Sq]
+    for b in range(2):
+        for t in range(q_len):
+            assert int(keys[:, b, t].sum()) == int(L[b]) - q_len + t + 1
+    assert keys[3:, 0].sum() == 0  # splits past num_splits show nothing
+    assert int(keys[2, 0, 3]) == 37 - 32  # the last split runs on to the length
+
+
+def test_find_anomalies_kinds():
+    S, B, H, T = 4, 1, 2, 1
+    lse = torch.full((S, B, H, T), 5.0)
+    keys = torch.full((S, B, T), 100)
+    keys[3] = 0
+    lse[3] = -math.inf  # empty split: -inf is correct
+    lse[1, 0, 0, 0] = -math.inf  # non-empty split with -inf
+    lse[2, 0, 1, 0] = 5.0 + 20.0  # far above its neighbours
+    lse[0, 0, 1, 0] = math.inf
+    found = {(a.split, a.head, a.kind) for a in viz.find_anomalies(lse, keys, torch.tensor([4]))}
+    assert found == {(1, 0, "-inf"), (2, 1, "outlier"), (0, 1, "inf")}
+    lse[3, 0, 0, 0] = 1.0  # a finite value in an empty split
+    kinds = {a.kind for a in viz.find_anomalies(lse, keys, torch.tensor([4]))}
+    assert "empty-finite" in kinds
+    only_first = viz.find_anomalies(lse, keys, torch.tensor([1]))  # splits past num_splits are not read
+    assert {(a.split, a.kind) for a in only_first} == {(0, "inf")}
+
+
+def test_heatmap_cli_with_saved_inputs(tmp_path, capsys):
+    q, k, v, seqlens = _inputs(B=1, L=600)
+    path = tmp_path / "inputs.pt"
+    torch.save({"q": q.bfloat16(), "k_cache": k.bfloat16(), "v_cache": v.bfloat16(),
+                "cache_seqlens": seqlens}, path)
+    png = tmp_path / "h.png"
+    base = ["--out", str(png), "--inputs", str(path), "--device", "cpu", "--num-splits", "3"]
+    assert viz.heatmap_main(base) == 0
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
+    rc = viz.heatmap_main(base + ["--plant-nan", "0:2", "--strict"])
+    assert rc == 1 and "planted NaN" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        torch.save({"q": q}, path)
+        viz.heatmap_main(["--out", str(png), "--inputs", str(path), "--device", "cpu"])
