@@ -37,9 +37,12 @@ MAX_SPLITS = 128
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
 
 # Merge partials inside the split kernel (the last split block of a group to finish merges it, via
-# an atomic counter) instead of a second combine launch. A launch costs ~2-3 us of GPU time in a
-# graph and ~20 us of host time eagerly, which is most of a small decode (B=1 GQA 4K: 14 us).
-FUSED_COMBINE = True
+# an atomic counter) instead of a second combine launch — only up to this many splits. Measured on
+# the H200 (graph replay, bf16 D=128, 2026-11-29): with 8 splits fused wins (B=4 GQA 4K 26.5 us vs
+# 28.3; B=1 MHA 4K 25.5 vs 28.0; B=1 MHA 32K 128.9 vs 131.9); with 16-33 splits the merging block's
+# serial walk over the splits costs more than the launch it saves (B=1 GQA 4K 17.0 vs 14.3 us;
+# 32K 52.2 vs 44.5), so the separate, row-parallel combine kernel runs instead.
+FUSED_COMBINE_MAX_SPLITS = 8
 
 # Notional SM count when planning for a CPU tensor (torch backend): it runs all splits as one
 # vectorised batch, so splitting buys no parallelism; 16 keeps the padded work small while still

@@ -64,13 +64,32 @@ class CacheMachine(RuleBasedStateMachine):
         self.model[sid] = [[] for _ in range(self.cache.num_layers)]
         self.family[sid] = sid
 
+    def _draw_batch(self, data):
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.model)), min_size=1, max_size=4, unique=True))
+        T = data.draw(st.integers(0, 5))
+        lengths = data.draw(st.none() | st.lists(st.integers(0, T), min_size=len(ids), max_size=len(ids)))
+        return ids, T, lengths
+
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def append(self, data):
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.model)), min_size=1, max_size=4, unique=True))
-        T = data.draw(st.integers(0, 5))
-        layer = data.draw(st.integers(0, self.cache.num_layers - 1))
-        lengths = data.draw(st.none() | st.lists(st.integers(0, T), min_size=len(ids), max_size=len(ids)))
+        ids, T, lengths = self._draw_batch(data)
+        self._append(ids, T, data.draw(st.integers(0, self.cache.num_layers - 1)), lengths)
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def model_step(self, data):
+        """Every layer appends the same tokens, in order (append reuses layer 0's write plan),
+        with perhaps a fork of one of them between two layers."""
+        ids, T, lengths = self._draw_batch(data)
+        fork_after = data.draw(st.none() | st.integers(0, self.cache.num_layers - 1))
+        for layer in range(self.cache.num_layers):
+            if not self._append(ids, T, layer, lengths):
+                return
+            if layer == fork_after:
+                self._fork(data.draw(st.sampled_from(ids)))
+
+    def _append(self, ids, T, layer, lengths) -> bool:
         counts = lengths if lengths is not None else [T] * len(ids)
         n = len(ids) * T * HKV * D
         k = torch.arange(self.counter, self.counter + n, dtype=torch.float32).view(len(ids), T, HKV, D)
@@ -87,7 +106,7 @@ class CacheMachine(RuleBasedStateMachine):
             assert before[:3] == after[:3]
             for pool_before, pool_after in zip(before[3:], after[3:], strict=True):
                 torch.testing.assert_close(pool_after, pool_before, equal_nan=True, atol=0, rtol=0)
-            return
+            return False
         assert need <= free, "appended although the pool was short"
         assert self.cache.num_free_pages == free - need, "used more pages than needed"
         ps = self.cache.page_size
@@ -96,11 +115,14 @@ class CacheMachine(RuleBasedStateMachine):
             pages = self.cache.pages(sid)
             for j in range(starts[i] // ps, math.ceil((starts[i] + c) / ps)) if c else ():
                 assert self.cache.refcount(pages[j]) == 1, "a page written by append is still shared"
+        return True
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def fork(self, data):
-        sid = data.draw(st.sampled_from(sorted(self.model)))
+        self._fork(data.draw(st.sampled_from(sorted(self.model))))
+
+    def _fork(self, sid):
         free = self.cache.num_free_pages
         nid = self.cache.fork(sid)
         assert self.cache.num_free_pages == free, "fork must not allocate (lazy copy-on-write)"

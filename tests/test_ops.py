@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import make_inputs, to_paged
+from torch._dynamo.utils import counters
 
 import splitkv
 from splitkv import ops
@@ -171,6 +172,7 @@ def test_gpu_reduce_overhead_cuda_graphs_follow_lengths(paged):
     bt = None
     if paged:
         k, v, bt = to_paged(k, v, [Lmax - 3, Lmax - 3], 64)
+    counters.clear()
     step = torch.compile(_step, fullgraph=True, mode="reduce-overhead")
     # warm-up, recording and replays: the replays must follow the new lengths (device split table)
     for lens in ([100, 4000], [8000, 1], [2500, 7777], [0, 64], [4097, 300]):
@@ -182,3 +184,4 @@ def test_gpu_reduce_overhead_cuda_graphs_follow_lengths(paged):
         fin = torch.isfinite(rl)
         assert torch.equal(torch.isfinite(lse), fin)
         assert (lse.double()[fin] - rl[fin]).abs().max() < 1e-2
+    assert counters["inductor"]["cudagraph_skips"] == 0  # the step really ran as a CUDA graph

@@ -119,11 +119,13 @@ class CompileCache:
         self._mem: dict[tuple[str, str], object] = {}
         self._lock = threading.Lock()
         self._warned = False
+        self.stats = {"memory": 0, "disk": 0, "compiled": 0}  # where each get() was served from
 
     def get(self, name: str, arch: str, build):
         """build() -> (kernel object, fake compile args). Memory, then disk, then compile."""
         hit = self._mem.get((name, arch))
         if hit is not None:
+            self.stats["memory"] += 1
             return hit
         with self._lock:
             hit = self._mem.get((name, arch))
@@ -140,6 +142,7 @@ class CompileCache:
         try:
             loaded = _load(key, kernel_obj)
             if loaded is not None:
+                self.stats["disk"] += 1
                 return loaded
         except Exception as e:
             if not self._warned:
@@ -147,6 +150,7 @@ class CompileCache:
                               stacklevel=4)
                 self._warned = True
         compiled = cute.compile(kernel_obj, *fake_args, options=compile_options(arch))
+        self.stats["compiled"] += 1
         _save(key, compiled)
         return compiled
 

@@ -47,7 +47,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
     l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
     grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
-    fused = parts and H.FUSED_COMBINE and plan.counters is not None
+    fused = parts and plan.max_splits <= H.FUSED_COMBINE_MAX_SPLITS and plan.counters is not None
     counters = plan.counters if fused else plan.num_splits  # never touched unless fused
     qs, ks, vs = q.stride(), k_cache.stride(), v_cache.stride()
     _split(grid, (q, k_cache, v_cache, cache_seqlens, plan.num_splits, plan.chunk_lens, bt, op, lp, out, lse,
