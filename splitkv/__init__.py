@@ -2,7 +2,14 @@
 
 from . import debug, reference
 from .api import decode
+from .cache import CacheFullError, PagedKVCache
+from .cascade import cascade_decode
+from .merge import merge_states, merge_states_n
 from .plan import DecodePlan, plan
+from .rope import RopeConfig, apply_rope
 
 __version__ = "0.1.0"
-__all__ = ["decode", "plan", "DecodePlan", "reference", "debug", "__version__"]
+__all__ = [
+    "decode", "plan", "DecodePlan", "merge_states", "merge_states_n", "cascade_decode",
+    "PagedKVCache", "CacheFullError", "RopeConfig", "apply_rope", "reference", "debug", "__version__",
+]

@@ -138,3 +138,17 @@ def forced_chunk_lens(seqlens: list[int], num_splits: int, block_n: int) -> list
     """Chunk length per request when the caller forces num_splits: the request's keys cut into
     num_splits equal, block_n-aligned chunks (trailing chunks may be empty: lse = -inf)."""
     return [max(1, cdiv(cdiv(max(L, 0), num_splits), block_n)) * block_n for L in seqlens]
+
+
+# Append kernel tile: a program holds BLOCK_H x BLOCK_D fp32 values of K (plus the RoPE partner):
+# 4096 elements is 32 registers per thread for each at 4 warps — all heads of a GQA cache
+# (8 x 128) in one program, while MHA caches (32-64 heads x 128) split over a few programs
+# instead of spilling.
+APPEND_TILE_ELEMS = 4096
+
+
+def append_tile(num_kv_heads: int, head_dim: int) -> tuple[int, int, int]:
+    """(block_h, block_d, num_warps) of the PagedKVCache append kernel."""
+    block_d = _next_pow2(head_dim)
+    block_h = min(_next_pow2(num_kv_heads), max(1, APPEND_TILE_ELEMS // block_d))
+    return block_h, block_d, 4 if block_h * block_d >= 2048 else 2

@@ -164,3 +164,66 @@ def test_every_split_variant_matches_reference(dtype, D, G, Sq, page):
         assert (o.permute(0, 2, 1, 3)[~fin] == 0).all()
         o2, _ = splitkv.decode(q, k, v, sl, block_table=bt, num_splits=splits, return_lse=True, backend="cutlass")
         assert torch.equal(o, o2)  # bitwise run-to-run determinism
+
+
+@needs_dsl
+@pytest.mark.parametrize("paged", [False, True])
+def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged):
+    """The launch glue's positional arguments, named by the kernel's own signature (CPU tensors,
+    launcher replaced by a recorder): a swapped stride would be a silent wrong answer on the GPU."""
+    import inspect
+
+    from splitkv.backends.cutlass import launch
+    from splitkv.backends.cutlass.split_kernel import SplitKernel
+
+    got = {}
+    names = inspect.getfullargspec(SplitKernel.__call__.__wrapped__).args[1:]
+    monkeypatch.setattr(launch, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(launch, "_device_index", lambda t: 0)
+    monkeypatch.setattr(launch, "_stream", lambda device: "stream")
+    monkeypatch.setattr(launch, "_split_launcher", lambda *key: lambda *a: got.update(zip(names, a), key=key))
+    lens = [300, 40]
+    q, k, v, sl = make_inputs(2, 3, 12, 2, 64, lens, torch.float16, transposed=True)
+    bt = None
+    if paged:
+        k, v, bt = to_paged(k, v, lens, 16)
+    p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3)
+    o_part, lse_part = p.partials()
+    out, lse = torch.empty_like(q), torch.empty(2, 12, 3)
+    launch.split_(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True)
+    assert len(got) == len(names) + 1 and got["key"] == ("float16", 64, p.tile.block_m, paged, "sm_90a")
+    assert (got["group"], got["q_len"], got["num_kv_heads"], got["m_tiles"], got["batch"]) == (6, 3, 2, p.m_tiles, 2)
+    assert got["page_size"] == (16 if paged else 1) and got["causal"] == 1
+    assert (got["s_qb"], got["s_qt"], got["s_qh"]) == q.stride()[:3]
+    assert (got["s_kb"], got["s_kn"], got["s_kh"]) == k.stride()[:3]
+    assert (got["s_vb"], got["s_vn"], got["s_vh"]) == v.stride()[:3]
+    assert (got["s_ps"], got["s_pb"], got["s_ph"], got["s_pt"]) == o_part.stride()[:4]
+    assert (got["s_ls"], got["s_lb"], got["s_lh"]) == lse_part.stride()[:3]
+    assert (got["s_ob"], got["s_ot"], got["s_oh"], got["s_lob"], got["s_loh"]) == out.stride()[:3] + lse.stride()[:2]
+    assert got["q"] == q.data_ptr() and got["o_part"] == o_part.data_ptr() and got["lse"] == lse.data_ptr()
+    assert got["s_btb"] == (bt.stride(0) if paged else 0) and got["max_splits"] == p.max_splits
+    assert got["scale_log2"] == pytest.approx(0.125 * 1.4426950408889634) and got["stream"] == "stream"
+
+
+@needs_dsl
+def test_combine_arguments_land_on_the_right_kernel_parameters(monkeypatch):
+    import inspect
+
+    from splitkv.backends.cutlass import launch
+    from splitkv.backends.cutlass.combine_kernel import CombineKernel
+
+    got = {}
+    names = inspect.getfullargspec(CombineKernel.__call__.__wrapped__).args[1:]
+    monkeypatch.setattr(launch, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(launch, "_device_index", lambda t: 0)
+    monkeypatch.setattr(launch, "_stream", lambda device: "stream")
+    monkeypatch.setattr(launch, "_combine_launcher", lambda *key: lambda *a: got.update(zip(names, a), key=key))
+    o_part, lse_part = torch.zeros(5, 2, 4, 3, 128), torch.zeros(5, 2, 4, 3)
+    out, lse = torch.empty(2, 3, 4, 128, dtype=torch.bfloat16), torch.empty(2, 4, 3)
+    launch.combine_(o_part, lse_part, torch.ones(2, dtype=torch.int32), out, lse, skip_single=True)
+    assert got["key"] == ("float32", "bfloat16", 128, "sm_90a") and len(got) == len(names) + 1
+    assert (got["max_splits"], got["batch"], got["num_heads"], got["q_len"], got["skip_single"]) == (5, 2, 4, 3, 1)
+    assert (got["s_ps"], got["s_pb"], got["s_ph"], got["s_pt"]) == o_part.stride()[:4]
+    assert (got["s_ls"], got["s_lb"], got["s_lh"], got["s_lt"]) == lse_part.stride()
+    assert (got["s_ob"], got["s_ot"], got["s_oh"]) == out.stride()[:3]
+    assert (got["s_lob"], got["s_loh"], got["s_lot"]) == lse.stride()

@@ -46,11 +46,11 @@ class Packer:
         return slots
 
     def _stream_ptrs(self, stream):
+        if hasattr(stream, "__c_pointers__"):  # the order the DSL's own packing tries
+            return stream.__c_pointers__(), stream
         from cutlass.base_dsl.jit_executor import JitArgAdapterRegistry
         from cutlass.base_dsl.typing import get_c_pointers
 
-        if hasattr(stream, "__c_pointers__"):  # the order the DSL's own packing tries
-            return stream.__c_pointers__(), stream
         adapter = JitArgAdapterRegistry.get_registered_adapter(type(stream))
         obj = adapter(stream) if adapter else stream
         return get_c_pointers(obj), obj
@@ -87,6 +87,8 @@ class Packer:
         return True
 
     def __call__(self, *args):
+        if len(args) != len(self.kinds):
+            raise TypeError(f"launch: {len(self.kinds)} arguments expected, got {len(args)}")
         if not self.fast:
             return self.compiled(*args)
         exe_args, _keep = self.pack(args[:-1], args[-1])

@@ -6,6 +6,8 @@ Three levels, as everywhere in splitkv: compile_split / compile_combine (cached 
 split_ / combine_ (out-parameter ops) -> run / combine (the backend contract).
 """
 
+import functools
+
 import torch
 
 from splitkv.backends.cutlass.argpack import Packer
@@ -49,6 +51,21 @@ def build_combine(cfg: CombineConfig):
     return CombineKernel(cfg), fake_combine_args()
 
 
+@functools.lru_cache(maxsize=None)
+def _arch(index: int) -> str:
+    return arch_of(torch.device("cuda", index))
+
+
+@functools.lru_cache(maxsize=None)
+def _split_launcher(dtype: str, head_dim: int, block_m: int, paged: bool, arch: str) -> Packer:
+    return compile_split(split_config(dtype, head_dim, block_m, paged), arch)
+
+
+@functools.lru_cache(maxsize=None)
+def _combine_launcher(part_dtype: str, out_dtype: str, head_dim: int, arch: str) -> Packer:
+    return compile_combine(CombineConfig(part_dtype, out_dtype, head_dim), arch)
+
+
 def _launcher(cfg, arch: str, build) -> Packer:
     key = (cfg.name, arch)
     p = _PACKERS.get(key)
@@ -65,16 +82,28 @@ def compile_combine(cfg: CombineConfig, arch: str) -> Packer:
     return _launcher(cfg, arch, build_combine)
 
 
-def _stream(device):
-    import cuda.bindings.driver as cuda
+_STREAMS: dict[int, object] = {}
 
-    return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+def _stream(device):
+    """The current torch stream as a cuda.CUstream (one object per raw handle, reused)."""
+    handle = torch.cuda.current_stream(device).cuda_stream
+    s = _STREAMS.get(handle)
+    if s is None:
+        import cuda.bindings.driver as cuda
+
+        s = _STREAMS[handle] = cuda.CUstream(handle)
+    return s
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
 def _check_rows(name: str, t: torch.Tensor, align: int) -> None:
     """The kernels move rows with 16-byte (8-byte for 4 x 16-bit outputs) vector accesses."""
     esize = t.element_size()
-    bad_stride = [s for s in t.stride()[:-1] if (s * esize) % align]
+    bad_stride = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1 and (s * esize) % align]
     if t.data_ptr() % align or bad_stride or t.stride(-1) != 1:
         raise ValueError(f"{name}: backend 'cutlass' needs unit stride on the last dim and {align}-byte aligned "
                          f"rows (pointer and strides); got strides {tuple(t.stride())}, data_ptr % {align} = "
@@ -94,11 +123,13 @@ def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_pa
         _check_rows("o_part", o_part, 16)
     if lse.stride(2) != 1 or (lse_part is not None and lse_part.stride(3) != 1):
         raise ValueError("lse/lse_part: backend 'cutlass' needs unit stride on the token (last) dim")
+    arch = _arch(_device_index(q))
     if cfg is None:
-        cfg = split_config(_DTYPE_NAMES[q.dtype], D, plan.tile.block_m, paged)
+        launch = _split_launcher(_DTYPE_NAMES[q.dtype], D, plan.tile.block_m, paged, arch)
     elif (cfg.block_m, cfg.head_dim, cfg.paged, cfg.dtype) != (plan.tile.block_m, D, paged, _DTYPE_NAMES[q.dtype]):
         raise ValueError(f"cfg: {cfg} does not match the plan / inputs")
-    launch = compile_split(cfg, arch_of(q.device))
+    else:
+        launch = compile_split(cfg, arch)
     parts = o_part is not None
     op = o_part if parts else out  # never written when no request splits
     lp = lse_part if parts else lse
@@ -128,8 +159,7 @@ def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
     per_lane = D // 32  # each lane moves D / 32 contiguous elements
     _check_rows("o_part", o_part, per_lane * o_part.element_size())
     _check_rows("out", out, per_lane * out.element_size())
-    cfg = CombineConfig(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D)
-    launch = compile_combine(cfg, arch_of(out.device))
+    launch = _combine_launcher(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D, _arch(_device_index(out)))
     launch(o_part.data_ptr(), lse_part.data_ptr(), num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(),
            S, B, H, T, int(skip_single),
            *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride(),

@@ -24,6 +24,8 @@ by exactly one program.
 import triton
 import triton.language as tl
 
+from ... import heuristics
+
 
 @triton.jit
 def append_kernel(
@@ -78,24 +80,6 @@ def append_kernel(
     tl.store(v_dst, y.to(V_POOL.dtype.element_ty), mask=mask)
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
-# TODO(lead): move to splitkv/heuristics.py as `append_tile(num_kv_heads, head_dim)`.
-# A program holds BLOCK_H x BLOCK_D fp32 values of K (plus the RoPE partner): 4096 elements is
-# 32 registers per thread for each at 4 warps — all heads of a GQA cache (8 x 128) in one program,
-# while MHA caches (32-64 heads x 128) split over a few programs instead of spilling.
-APPEND_TILE_ELEMS = 4096
-
-
-def append_tile(num_kv_heads: int, head_dim: int) -> tuple[int, int, int]:
-    """(block_h, block_d, num_warps) of the append kernel."""
-    block_d = _next_pow2(head_dim)
-    block_h = min(_next_pow2(num_kv_heads), max(1, APPEND_TILE_ELEMS // block_d))
-    return block_h, block_d, 4 if block_h * block_d >= 2048 else 2
-
-
 def append_kv(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, *, neox=True):
     """Write k, v [N, T, Hkv, D] into k_pool, v_pool [P, page_size, Hkv, D] (see module doc).
 
@@ -105,7 +89,7 @@ def append_kv(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, *, 
     N, T, H, D = k.shape
     if N * T == 0:
         return
-    block_h, block_d, num_warps = append_tile(H, D)
+    block_h, block_d, num_warps = heuristics.append_tile(H, D)
     rope = cos is not None
     cos_t = cos if rope else starts  # never read without RoPE
     sin_t = sin if rope else starts
