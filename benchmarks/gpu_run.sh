@@ -21,3 +21,4 @@ fi
 if has cutlass; then python benchmarks/gpu_cutlass.py --out "$OUT" 2>&1 | tee "$OUT/cutlass.log" | tail -60; fi
 if has host; then python benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log" | tail -20; fi
 if has graphtune; then python benchmarks/triton_tune.py --graph-only --out "$OUT" 2>&1 | tee "$OUT/graphtune.log" | grep GRAPH; fi
+if has hf; then python benchmarks/hf_decode.py --out "$OUT/hf_decode.json" 2>&1 | tee "$OUT/hf.log" | tail -15; fi
