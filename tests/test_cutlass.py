@@ -227,3 +227,29 @@ def test_combine_arguments_land_on_the_right_kernel_parameters(monkeypatch):
     assert (got["s_ls"], got["s_lb"], got["s_lh"], got["s_lt"]) == lse_part.stride()
     assert (got["s_ob"], got["s_ot"], got["s_oh"]) == out.stride()[:3]
     assert (got["s_lob"], got["s_loh"], got["s_lot"]) == lse.stride()
+
+
+_SANITIZE_SNIPPET = """
+import torch, splitkv
+from helpers import make_inputs, to_paged
+q, k, v, sl = make_inputs(2, 4, 16, 2, 128, [129, 3], torch.bfloat16, 'cuda')
+k, v, bt = to_paged(k, v, [129, 3], 16)
+o = splitkv.decode(q, k, v, sl, block_table=bt, num_splits=3, backend='cutlass')
+torch.cuda.synchronize()
+print('ok', bool(torch.isfinite(o).all()))
+"""
+
+
+@pytest.mark.gpu
+@needs_dsl
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_compute_sanitizer_is_clean(tool):
+    import shutil
+
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer not on PATH")
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run(["compute-sanitizer", "--tool", tool, "--error-exitcode", "99", sys.executable, "-c",
+                          _SANITIZE_SNIPPET], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0 and "ok True" in res.stdout, (res.stdout + res.stderr)[-4000:]

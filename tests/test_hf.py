@@ -96,16 +96,17 @@ def test_prefill_drops_padding_and_positions_continue(hf, fp32_case):
     assert state.cache.num_free_pages == state.cache.num_pages
 
 
-def test_bf16_logits_within_2x_transformers_error(hf, tf):
-    model = _model(tf, torch.bfloat16)
-    model32 = _model(tf, torch.bfloat16).float()  # the same bf16-rounded weights, fp32 math
-    ids, mask = _prompt()
-    steps = 8
+def _bf16_errors(hf, tf, device="cpu", steps=8, vocab=None, **model_kw):
+    """Max |logit error| of splitkv and of transformers' own bf16 decode against fp32 math over the
+    same bf16-rounded weights and the same tokens (teacher forcing)."""
+    extra = {} if vocab is None else dict(vocab=vocab)
+    model = _model(tf, torch.bfloat16, device=device, **model_kw, **extra)
+    model32 = _model(tf, torch.bfloat16, device=device, **model_kw, **extra).float()
+    ids, mask = _prompt(device, **extra)
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False, output_logits=True,
                          return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
     seq = ref.sequences
-    # truth: fp32 math over the same weights and tokens in one forward (teacher forcing)
-    full_mask = torch.cat((mask, torch.ones(2, steps, dtype=mask.dtype)), 1)
+    full_mask = torch.cat((mask, torch.ones(2, steps, dtype=mask.dtype, device=mask.device)), 1)
     pos = (full_mask.cumsum(-1) - 1).clamp_min(0)
     truth = model32(input_ids=seq[:, :-1], attention_mask=full_mask[:, :-1], position_ids=pos[:, :-1]).logits
     truth = truth[:, S - 1:].double()
@@ -117,7 +118,11 @@ def test_bf16_logits_within_2x_transformers_error(hf, tf):
             ours.append(hf.decode_step(model, state, seq[:, S + i]))
     state.free()
     ours = torch.stack(ours, 1).double()
-    err_ours, err_theirs = (ours - truth).abs().max(), (theirs - truth).abs().max()
+    return (ours - truth).abs().max().item(), (theirs - truth).abs().max().item()
+
+
+def test_bf16_logits_within_2x_transformers_error(hf, tf):
+    err_ours, err_theirs = _bf16_errors(hf, tf)
     print(f"bf16 logits max error vs fp32: splitkv {err_ours:.4f}, transformers {err_theirs:.4f}")
     assert err_ours <= 2 * err_theirs + 1e-2, (err_ours, err_theirs)
 
@@ -140,18 +145,10 @@ def test_inputs_are_checked(hf, tf, fp32_case):
 
 
 @pytest.mark.gpu
-def test_gpu_bf16_logits_follow_transformers(hf, tf):
-    model = _model(tf, torch.bfloat16, head_dim=128, device="cuda", layers=4, hq=32, hkv=8, hidden=1024,
-                   vocab=1000)
-    ids, mask = _prompt("cuda", vocab=1000)
-    ref = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, output_logits=True,
-                         return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
-    state, first = hf.prefill(model, ids, mask, max_new_tokens=12)
-    ours = [first]
-    with hf.use_splitkv(model):
-        for i in range(11):
-            ours.append(hf.decode_step(model, state, ref.sequences[:, S + i]))
-    state.free()
-    diff = (torch.stack(ours, 1).float() - torch.stack(ref.logits, 1).float()).abs().max()
-    scale = torch.stack(ref.logits, 1).float().abs().max()
-    assert diff <= 0.05 * scale, (diff, scale)
+def test_gpu_bf16_logits_within_2x_transformers_error(hf, tf):
+    # bf16 logits of two different attention kernels drift apart over steps on random weights, so
+    # both are measured against fp32 math on the same weights and tokens (as on the CPU)
+    err_ours, err_theirs = _bf16_errors(hf, tf, "cuda", steps=12, vocab=1000, head_dim=128, layers=4, hq=32,
+                                        hkv=8, hidden=1024)
+    print(f"GPU bf16 logits max error vs fp32: splitkv {err_ours:.4f}, transformers {err_theirs:.4f}")
+    assert err_ours <= 2 * err_theirs + 1e-2, (err_ours, err_theirs)

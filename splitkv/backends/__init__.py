@@ -25,8 +25,9 @@ def triton_available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def cutlass_available() -> bool:
-    """nvidia-cutlass-dsl importable and our CuTe backend module complete (exposes run)."""
-    if importlib.util.find_spec("cutlass") is None:
+    """nvidia-cutlass-dsl importable and our CuTe backend module complete (exposes run);
+    SPLITKV_DISABLE_CUTLASS=1 turns it off."""
+    if os.environ.get("SPLITKV_DISABLE_CUTLASS", "0") not in ("", "0") or importlib.util.find_spec("cutlass") is None:
         return False
     try:
         mod = importlib.import_module("splitkv.backends.cutlass")

@@ -22,7 +22,10 @@ INSTALL_HINT = ("backend 'cutlass' needs the CuTe DSL: pip install 'splitkv[cutl
 def available() -> bool:
     """The CuTe DSL is importable (checked without importing it: that takes seconds). A `cutlass`
     package without `cute` (e.g. the older nvidia-cutlass Python interface) does not count."""
-    spec = importlib.util.find_spec("cutlass")
+    try:
+        spec = importlib.util.find_spec("cutlass")
+    except (ImportError, ValueError):  # e.g. sys.modules["cutlass"] = None (import blocked)
+        return False
     if spec is None or not spec.submodule_search_locations:
         return False
     return any(os.path.isdir(os.path.join(loc, "cute")) for loc in spec.submodule_search_locations)

@@ -106,7 +106,7 @@ class CombineKernel:
                         # splits past n are in the workspace (s < max_splits) but hold anything:
                         # read a valid address, and let w = 0 select them away
                         s = cutlass.min(s0 + j, max_splits - 1)
-                        o = gmem_vec(self.part_dtype, o_row + Int64(s) * sp[0] * pbytes, EPL, EPL * pbytes)
+                        o = gmem_vec(self.part_dtype, o_row + Int64(s) * sp[0] * pbytes, EPL, min(16, EPL * pbytes))
                         val = cute.make_rmem_tensor((EPL,), Float32)
                         val.store(o.load().to(Float32))  # unconditional (no branch): the loads overlap
                         total = total + w
@@ -117,7 +117,7 @@ class CombineKernel:
                 inv = 1.0 / total if has_key else 0.0
                 so = out_strides
                 dst = gmem_vec(self.out_dtype, out + (Int64(b) * so[0] + Int64(t) * so[1] + Int64(h) * so[2]
-                                                      + Int64(lane * EPL)) * obytes, EPL, EPL * obytes)
+                                                      + Int64(lane * EPL)) * obytes, EPL, min(16, EPL * obytes))
                 dst.store((acc.load() * inv).to(self.out_dtype))
                 if lane == 0:
                     so = lse_strides

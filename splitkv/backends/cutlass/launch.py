@@ -156,9 +156,9 @@ def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
                         f"got {o_part.dtype} -> {out.dtype}")
     if lse_part.dtype != torch.float32 or lse.dtype != torch.float32:
         raise TypeError(f"lse_part/lse: expected float32, got {lse_part.dtype} / {lse.dtype}")
-    per_lane = D // 32  # each lane moves D / 32 contiguous elements
-    _check_rows("o_part", o_part, per_lane * o_part.element_size())
-    _check_rows("out", out, per_lane * out.element_size())
+    per_lane = D // 32  # each lane moves D / 32 contiguous elements in <= 16-byte vectors
+    _check_rows("o_part", o_part, min(16, per_lane * o_part.element_size()))
+    _check_rows("out", out, min(16, per_lane * out.element_size()))
     launch = _combine_launcher(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D, _arch(_device_index(out)))
     launch(o_part.data_ptr(), lse_part.data_ptr(), num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(),
            S, B, H, T, int(skip_single),
