@@ -88,6 +88,18 @@ def tile_config(head_dim: int, rows: int, splitting: bool = True) -> TileConfig:
     return TileConfig(block_m, 128, 4, 3)
 
 
+# Extra software-pipeline stages for a paged cache. Triton's pipeliner schedules the block-table
+# load two stages ahead of the K/V loads it feeds, so at the same num_stages a paged kernel keeps
+# fewer K/V tiles in flight: the sm_90 PTX of block_n 64 at 3 stages holds 2 tiles (32 cp.async,
+# 39 KB smem) vs 3 contiguous (48, 71 KB); at 5 stages the paged kernel is back to 3 (48, 72 KB).
+# H200 bench before this rule (2026-11-29, graph): paged(16) was 3-23% slower than contiguous.
+PAGED_EXTRA_STAGES = 2
+
+
+def launch_stages(tile: TileConfig, paged: bool) -> int:
+    return tile.num_stages + (PAGED_EXTRA_STAGES if paged else 0)
+
+
 def query_tiles(rows: int, block_m: int) -> int:
     return cdiv(rows, block_m)
 

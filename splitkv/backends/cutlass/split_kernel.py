@@ -22,9 +22,13 @@ Design (4 warps, see config.SplitConfig):
     in the epilogue — a 16-row query tile (GQA 4..16, Sq = 1) keeps all 4 warps busy;
   * why mma.sync, not wgmma: decode is bound by HBM bytes, not by MMA issue (a 16-row tile does
     2 x 16 x D flops per K/V element pair read); wgmma's M = 64 per warpgroup would pad a
-    16-row tile 4x and needs the TMA/mbarrier machinery that a per-row paged gather cannot use
-    unless page_size >= block_n. Measurements (H200, benchmarks/gpu_cutlass.py --sweep) of
-    stages / block_n alternatives belong here once run; none were possible on the CPU machine.
+    16-row tile 4x and wants TMA + mbarriers, which a per-row paged gather cannot use unless
+    page_size >= block_n (TMA per page is the next variant to try for page_size >= 64);
+  * paged rows: a thread computes all its rows' page lookups (FastDivmod by page_size, one
+    block-table load each) before issuing their copies, so the table loads overlap.
+Measured alternatives (H200): none yet — this file was written on a machine without a GPU.
+`python benchmarks/gpu_cutlass.py --phases compile,sweep` times (block_n, stages) in {64, 128} x
+{2..5} against the default rule (config.tile_for); record the table here when it has run.
 """
 
 import cuda.bindings.driver as cuda

@@ -76,7 +76,7 @@ def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> li
         sig = {n: "i32" for n in split_kernel.arg_names if n not in cx}
         sig.update(Q=ptr, K=ptr, V=ptr, SEQLENS="*i32", NSPLITS="*i32", CHUNKS="*i32", BT="*i32",
                    O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, COUNTERS="*i32", scale_log2="fp32")
-        k = _compile(split_kernel, sig, cx, arch, tile.num_warps, tile.num_stages)
+        k = _compile(split_kernel, sig, cx, arch, tile.num_warps, H.launch_stages(tile, cx["PAGED"]))
         rows.append(dict(kernel="split", **{k_: v for k_, v in cx.items() if k_ not in ("UPCAST",)},
                          **_resources(k, arch)))
     for D in (64, 128, 256):

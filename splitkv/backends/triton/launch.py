@@ -59,7 +59,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                 HEAD_DIM=D, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                 PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged, CAUSAL=bool(causal and Sq > 1),
                 UPCAST=_interpreting(), FUSED_COMBINE=fused),
-           tile.num_warps, tile.num_stages)
+           tile.num_warps, H.launch_stages(tile, paged))
     if parts and not fused:
         combine(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
 
