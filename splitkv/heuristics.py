@@ -164,3 +164,26 @@ def append_tile(num_kv_heads: int, head_dim: int) -> tuple[int, int, int]:
     block_d = _next_pow2(head_dim)
     block_h = min(_next_pow2(num_kv_heads), max(1, APPEND_TILE_ELEMS // block_d))
     return block_h, block_d, 4 if block_h * block_d >= 2048 else 2
+
+
+def cutlass_tile(head_dim: int) -> tuple[int, int]:
+    """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
+
+    Every stage holds K and V tiles of block_n x D (2 B each); the rule keeps a stage at 32 KB for
+    D <= 128 and 3 stages = 96 KB, so two blocks fit per SM (2 x ~100 KB of 228 KB) and each keeps
+    two stages (64 KB) in flight while it computes on the third: ~130 KB in flight per SM, far more
+    than the ~30 KB that covers HBM latency at 4.8 TB/s over 132 SMs. D = 256 needs block_n >= 64
+    (16 keys per warp for the 4 key-split warps), so 64 KB stages, 2 of them.
+    """
+    if head_dim == 64:
+        return 128, 3
+    if head_dim == 128:
+        return 64, 3
+    return 64, 2
+
+
+# backend="auto" on sm90 stays on Triton even where the CuTe DSL backend is installed. Measured on
+# the H200 (benchmarks/gpu_cutlass.py, bf16 D=128, 2026-11-29): under CUDA-graph replay the two are
+# within 2% (B=1 GQA 4K 11.0 vs 10.9 us; 32K 39.7 vs 39.8; 128K 132.3 vs 130.1; B=16 MHA 32K
+# 1913 vs 1892), while eagerly cutlass costs more host time per call (B=1 GQA 4K 132 vs 72 us).
+PREFER_CUTLASS_SM90 = False

@@ -39,9 +39,13 @@ def resolve(backend: str, device: torch.device) -> str:
     if backend == "auto":
         backend = os.environ.get("SPLITKV_BACKEND", "auto") or "auto"
     if backend == "auto":
-        if device.type == "cuda" and triton_available():
-            return "triton"
-        return "torch"
+        if device.type != "cuda":
+            return "torch"
+        from .. import heuristics as H
+
+        if H.PREFER_CUTLASS_SM90 and cutlass_available() and torch.cuda.get_device_capability(device)[0] == 9:
+            return "cutlass"
+        return "triton" if triton_available() else "torch"
     if backend == "triton":
         if not triton_available():
             raise RuntimeError("backend: 'triton' requested but triton is not installed (pip install triton)")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ... import heuristics as H
+
 # dtype names shared by the torch side (launch) and the DSL side (kernel classes)
 DTYPES = ("float16", "bfloat16")
 PART_DTYPES = ("float32", "float16", "bfloat16")
@@ -122,21 +124,8 @@ SMEM_LIMIT = 227 * 1024
 
 
 def tile_for(head_dim: int) -> tuple[int, int]:
-    """(block_n, num_stages) of the split kernel at `head_dim`.
-
-    The lead may move this rule into heuristics.py (as cutlass_tile_config); it lives here until then.
-    Every stage holds K and V tiles of block_n x D (2 B each); the rule keeps a stage at 32 KB for
-    D <= 128 and 3 stages = 96 KB, so two blocks fit per SM (2 x ~100 KB of 228 KB) and each keeps
-    two stages (64 KB) in flight while it computes on the third: ~130 KB in flight per SM, far more
-    than the ~30 KB that covers HBM latency at 4.8 TB/s over 132 SMs. D = 256 needs
-    block_n >= 64 (16 keys per warp for the 4 key-split warps), so 64 KB stages, 2 of them.
-    Measured alternatives are recorded in split_kernel.py's header.
-    """
-    if head_dim == 64:
-        return 128, 3
-    if head_dim == 128:
-        return 64, 3
-    return 64, 2
+    """(block_n, num_stages) of the split kernel: the rule lives in splitkv/heuristics.py."""
+    return H.cutlass_tile(head_dim)
 
 
 def split_config(dtype: str, head_dim: int, block_m: int, paged: bool) -> SplitConfig:
