@@ -3,6 +3,7 @@
 GPU: B=1, Hq 32 / Hkv 8, D 128, bf16 at 32K and 128K keys, every backend available, timed with
 triton.testing.do_bench (median, L2 flushed). CPU: the same head layout at sizes that finish in
 seconds (torch backend; the Triton kernels interpreted at a small size when TRITON_INTERPRET=1).
+Then a random-weight Llama decodes through PagedKVCache + splitkv (demo_llama.py).
 """
 
 from __future__ import annotations
@@ -73,4 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print("No GPU here: the CPU runs the torch backend (the same split/combine algorithm). "
                       "On a CUDA GPU the demo times the Triton (and CUTLASS) kernels at 32K and 128K keys.")
     console.print("[green]all results match the reference[/]" if ok_all else "[red]mismatch against the reference[/]")
+    from .demo_llama import run as run_llama
+
+    ok_all &= run_llama(console, device)
     return 0 if ok_all else 1
