@@ -24,4 +24,5 @@ if has host; then python benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$O
 if has graphtune; then python benchmarks/triton_tune.py --graph-only --out "$OUT" 2>&1 | tee "$OUT/graphtune.log" | grep GRAPH; fi
 if has hf; then python benchmarks/hf_decode.py --out "$OUT/hf_decode.json" 2>&1 | tee "$OUT/hf.log" | tail -15; fi
 # at most 8 files come back: pack everything but the JSON results into one archive
-(cd "$OUT" && tar czf logs_and_plots.tgz --exclude='*.json' --exclude=logs_and_plots.tgz . && find . -type f ! -name '*.json' ! -name logs_and_plots.tgz -delete)
+(cd "$OUT" && tar czf /tmp/logs_and_plots.tgz --exclude='*.json' . && find . -type f ! -name '*.json' -delete \
+  && mv /tmp/logs_and_plots.tgz .)
