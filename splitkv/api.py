@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -63,6 +64,8 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         if num_splits is not None and num_splits != plan.forced:
             raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
         plan.check_matches(prob)
+        if os.environ.get("SPLITKV_DEBUG", "0") not in ("", "0"):  # the caller's contract, checked on demand
+            validate.check_seqlens_host([int(x) for x in cache_seqlens.tolist()], prob, block_table, k_cache.shape[0])
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)
     o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(prob.batch, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=q.device)

@@ -97,3 +97,15 @@ def test_plan_mismatch():
     p = splitkv.plan(sl, 8, 1, 64)
     with pytest.raises(ValueError, match="plan"):
         splitkv.decode(q, k, v, sl, plan=p)
+
+
+def test_debug_mode_checks_lengths_and_page_ids_with_a_plan(monkeypatch):
+    """With a plan, lengths and used page ids are the caller's contract; SPLITKV_DEBUG=1 checks them."""
+    q, k, v, sl = _ok(L=16)
+    kp = torch.randn(8, 16, 2, 64, dtype=torch.float16)
+    bt = torch.tensor([[0, 1], [9, 1]], dtype=torch.int32)  # page 9 does not exist
+    p = splitkv.plan(sl, 8, 2, 64)
+    splitkv.decode(q, kp, kp, sl, block_table=torch.tensor([[0, 1], [2, 1]], dtype=torch.int32), plan=p)
+    monkeypatch.setenv("SPLITKV_DEBUG", "1")
+    with pytest.raises(ValueError, match="block_table"):
+        splitkv.decode(q, kp, kp, sl, block_table=bt, plan=p)
