@@ -63,7 +63,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
             raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")
         if num_splits is not None and num_splits != plan.forced:
             raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
-        plan.check_matches(prob)
+        plan.check_matches(prob, q.device)
         if os.environ.get("SPLITKV_DEBUG", "0") not in ("", "0"):  # the caller's contract, checked on demand
             validate.check_seqlens_host([int(x) for x in cache_seqlens.tolist()], prob, block_table, k_cache.shape[0])
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)

@@ -82,11 +82,14 @@ class DecodePlan:
         torch.add(cache_seqlens, self.chunk_len - 1, out=n)
         n.div_(self.chunk_len, rounding_mode="floor").clamp_(1, self.max_splits)
 
-    def check_matches(self, prob) -> None:
+    def check_matches(self, prob, device: torch.device) -> None:
         got = (prob.batch, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len)
         want = (self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len)
         if got != want:
             raise ValueError(f"plan: made for (B, Hq, Hkv, D, Sq) = {want}, but the inputs have {got}")
+        same_index = device.index is None or self.device.index is None or device.index == self.device.index
+        if device.type != self.device.type or not same_index:
+            raise ValueError(f"plan: made for {self.device}, but the inputs are on {device}")
 
     def describe(self) -> str:
         splits = self.num_splits_host if self.num_splits_host is not None else "on device"

@@ -109,3 +109,11 @@ def test_debug_mode_checks_lengths_and_page_ids_with_a_plan(monkeypatch):
     monkeypatch.setenv("SPLITKV_DEBUG", "1")
     with pytest.raises(ValueError, match="block_table"):
         splitkv.decode(q, kp, kp, sl, block_table=bt, plan=p)
+
+
+def test_plan_for_another_device():
+    q, k, v, sl = _ok()
+    p = splitkv.plan(sl, 8, 2, 64)
+    p.device = torch.device("meta")  # stands in for a plan made on a GPU
+    with pytest.raises(ValueError, match="plan"):
+        splitkv.decode(q, k, v, sl, plan=p)
