@@ -17,6 +17,7 @@ Two kinds of plan:
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -51,20 +52,30 @@ class DecodePlan:
     chunk_len: int | None = None  # the batch-wide chunk of auto plans (None when forced)
     forced: int | None = None
     _own_ws: torch.Tensor | None = field(default=None, repr=False)
-    # int32 [B * Hkv * m_tiles] arrival counters of the fused combine; zero between launches
+    # int32 [B * Hkv * m_tiles] arrival counters of the fused combine, zero between launches;
+    # allocated in __post_init__ whenever the plan splits
     counters: torch.Tensor | None = field(default=None, repr=False)
     _parts: tuple = field(default=(None, None, None), repr=False)  # (buffer, o_part, lse_part)
+
+    def __post_init__(self):
+        if self.max_splits > 1 and self.counters is None:
+            self.counters = torch.zeros(self.batch * self.num_kv_heads * self.m_tiles, dtype=torch.int32,
+                                        device=self.device)
 
     @property
     def qhead_per_kvhead(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
+    @functools.cached_property
+    def workspace_layout(self):
+        """(o_shape, lse_shape, nbytes) of this plan's partials."""
+        return W.partial_sizes(self.max_splits, self.batch, self.num_q_heads, self.q_len, self.head_dim)
+
     def partials(self):
         """(o_part, lse_part) workspace views, or (None, None) when no request splits."""
         if self.max_splits == 1:
             return None, None
-        o_shape, lse_shape, nbytes = W.partial_sizes(self.max_splits, self.batch, self.num_q_heads,
-                                                     self.q_len, self.head_dim)
+        o_shape, lse_shape, nbytes = self.workspace_layout
         buf = self._own_ws if self._own_ws is not None else W.shared_buffer(nbytes, self.device)
         if self._parts[0] is not buf:  # carve once per buffer: views cost host time on every call
             self._parts = (buf, *W.carve(buf, o_shape, lse_shape))
@@ -123,9 +134,7 @@ def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None 
         if cache_seqlens is not None:
             plan.refresh(cache_seqlens)
         if max_splits > 1:
-            _, _, nbytes = W.partial_sizes(max_splits, batch, num_q_heads, q_len, head_dim)
-            plan._own_ws = W.allocate(nbytes, device)
-            plan.counters = torch.zeros(batch * num_kv_heads * m_tiles, dtype=torch.int32, device=device)
+            plan._own_ws = W.allocate(plan.workspace_layout[2], device)
         return plan
     if num_splits is not None:
         chunks = H.forced_chunk_lens(lengths, num_splits, tile.block_n)
@@ -137,12 +146,9 @@ def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None 
     tile = H.tile_config(head_dim, rows, splitting=max(splits, default=1) > 1)
     host = torch.tensor(splits + chunks, dtype=torch.int32)
     dev = host.to(device, non_blocking=True) if device.type == "cuda" else host
-    max_splits = max(splits, default=1)
-    counters = (torch.zeros(batch * num_kv_heads * m_tiles, dtype=torch.int32, device=device)
-                if max_splits > 1 else None)
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
-                      max_splits, max(chunks, default=1), dev[:batch], dev[batch:],
-                      num_splits_host=splits, chunk_len=chunk, forced=num_splits, counters=counters)
+                      max(splits, default=1), max(chunks, default=1), dev[:batch], dev[batch:],
+                      num_splits_host=splits, chunk_len=chunk, forced=num_splits)
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,

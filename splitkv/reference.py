@@ -29,6 +29,12 @@ def gather_keys(cache: torch.Tensor, b: int, length: int, block_table: torch.Ten
     return cache[pages, pos % page_size]
 
 
+def _future(L: int, Sq: int, device) -> torch.Tensor:
+    """[1, Sq, L] True where key position > query position (query i sits at L - Sq + i)."""
+    qpos = torch.arange(Sq, device=device) + (L - Sq)
+    return torch.arange(L, device=device)[None, None, :] > qpos[None, :, None]
+
+
 def decode_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -55,9 +61,7 @@ def decode_reference(
         v = gather_keys(v_cache, b, L, block_table).to(dtype).repeat_interleave(group, dim=1)
         s = torch.einsum("qhd,khd->hqk", q[b].to(dtype), k) * scale  # [Hq, Sq, L]
         if causal:
-            qpos = torch.arange(Sq, device=q.device) + (L - Sq)
-            kpos = torch.arange(L, device=q.device)
-            s = s.masked_fill(kpos[None, None, :] > qpos[None, :, None], -math.inf)
+            s = s.masked_fill(_future(L, Sq, q.device), -math.inf)
         row_lse = torch.logsumexp(s, dim=-1)  # [Hq, Sq]
         p = torch.exp(s - row_lse[..., None]).nan_to_num(0.0)  # rows with no key: exp(-inf+inf)
         o[b] = torch.einsum("hqk,khd->qhd", p, v)
@@ -83,8 +87,7 @@ def decode_lowp(q, k_cache, v_cache, cache_seqlens, *, causal=True, softmax_scal
         v = v_cache[b, :L].repeat_interleave(group, dim=1)
         s = torch.einsum("qhd,khd->hqk", q[b], k) * scale
         if causal:
-            qpos = torch.arange(Sq, device=q.device) + (L - Sq)
-            s = s.masked_fill(torch.arange(L, device=q.device)[None, None] > qpos[None, :, None], -math.inf)
+            s = s.masked_fill(_future(L, Sq, q.device), -math.inf)
         p = torch.softmax(s.float(), dim=-1).to(q.dtype).nan_to_num(0.0)
         o[b] = torch.einsum("hqk,khd->qhd", p, v)
     return o

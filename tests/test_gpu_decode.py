@@ -10,11 +10,11 @@ import math
 
 import pytest
 import torch
-from helpers import to_paged
+from helpers import assert_close_to_reference, to_paged
 
 import splitkv
 from splitkv import backends
-from splitkv.reference import decode_lowp, decode_reference
+from splitkv.reference import decode_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -31,19 +31,6 @@ def _inputs(B, Sq, Hq, Hkv, D, lens, dtype, seed=0, pad=7):
         k[b, L:] = float("nan")
         v[b, L:] = float("nan")
     return q, k, v, torch.tensor(lens, dtype=torch.int32, device="cuda")
-
-
-def _check(o, lse, q, k, v, sl, causal=True, block_table=None, k_dense=None, v_dense=None):
-    ro, rl = decode_reference(q, k, v, sl, causal=causal, block_table=block_table)
-    kd = torch.nan_to_num(k if k_dense is None else k_dense)
-    vd = torch.nan_to_num(v if v_dense is None else v_dense)
-    base = (decode_lowp(q, kd, vd, sl, causal=causal).double() - ro).abs().max().item()
-    err = (o.double() - ro).abs().max().item()
-    assert not torch.isnan(o).any()
-    assert err <= 2 * base + 1e-3, f"error {err:.2e} vs torch low-precision {base:.2e}"
-    fin = torch.isfinite(rl)
-    assert torch.equal(torch.isfinite(lse), fin)
-    assert (lse.double()[fin] - rl[fin]).abs().max().item() < 2e-3
 
 
 # (B, Sq, Hq, Hkv, D, lens, dtype): planner-chosen splits at real lengths; ragged with empty rows.
@@ -64,7 +51,7 @@ def test_real_sizes(backend, case):
     B, Sq, Hq, Hkv, D, lens, dt = case
     q, k, v, sl = _inputs(B, Sq, Hq, Hkv, D, lens, dt)
     o, lse = splitkv.decode(q, k, v, sl, return_lse=True, backend=backend)
-    _check(o, lse, q, k, v, sl)
+    assert_close_to_reference(o, lse, q, k, v, sl)
     again = splitkv.decode(q, k, v, sl, return_lse=True, backend=backend)
     assert torch.equal(o, again[0]) and torch.equal(lse, again[1]), "not bitwise deterministic"
 
@@ -74,7 +61,7 @@ def test_real_sizes(backend, case):
 def test_forced_splits(backend, num_splits):
     q, k, v, sl = _inputs(3, 2, 32, 8, 128, [32768, 4097, 0], torch.bfloat16)
     o, lse = splitkv.decode(q, k, v, sl, num_splits=num_splits, return_lse=True, backend=backend)
-    _check(o, lse, q, k, v, sl)
+    assert_close_to_reference(o, lse, q, k, v, sl)
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
@@ -84,7 +71,7 @@ def test_paged(backend, page_size):
     q, k, v, sl = _inputs(4, 1, 32, 8, 128, lens, torch.bfloat16)
     kp, vp, bt = to_paged(k, v, lens, page_size)
     o, lse = splitkv.decode(q, kp, vp, sl, block_table=bt, return_lse=True, backend=backend)
-    _check(o, lse, q, kp, vp, sl, block_table=bt, k_dense=k, v_dense=v)
+    assert_close_to_reference(o, lse, q, kp, vp, sl, block_table=bt, lowp_k=k, lowp_v=v)
     oc = splitkv.decode(q, k, v, sl, backend=backend)
     assert (o.float() - oc.float()).abs().max().item() < 2e-2
 
