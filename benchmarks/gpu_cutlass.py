@@ -15,6 +15,8 @@ Phases (each catches its own failures and is reported; nothing aborts the run):
   bench     cutlass vs triton, eager (do_bench median, L2 flushed) and CUDA-graph replay (rotating
             KV buffers, cold reads) on the PEERS shapes, contiguous and paged
   sweep     cutlass (block_n, stages) alternatives on two shapes, graph replay
+  pdl       fused merge vs combine kernel, programmatic dependent launch on / off, split kernel alone,
+            and Triton, graph replay + eager, on small and mid GQA shapes
 Results: $OUT/gpu_cutlass.json (rewritten after every phase), summary table printed last.
 A phase is skipped (reported) once --budget-s wall seconds have passed.
 """
@@ -206,7 +208,7 @@ def graph_us(make_call, copies, n_calls=20, reps=15):
 BENCH = [(1, 32, 8, 4096), (1, 32, 8, 32768), (1, 32, 8, 131072), (16, 32, 32, 32768)]
 
 
-def _bench_shape(B, Hq, Hkv, L, page, backends_, split_cfg=None):
+def _bench_shape(B, Hq, Hkv, L, page, backends_, split_cfg=None, direct=None):
     import triton
 
     D, dtype = 128, "bf16"
@@ -219,6 +221,8 @@ def _bench_shape(B, Hq, Hkv, L, page, backends_, split_cfg=None):
     for be in backends_:
         def call(i, be=be):
             q, k, v, sl, bt = sets[i]
+            if direct is not None:  # name -> kwargs of _split_direct (A/B of kernel configs)
+                return lambda: _split_direct(q, k, v, sl, bt, p, outs[i], **direct[be](p))
             if split_cfg is not None:
                 return lambda: _split_direct(q, k, v, sl, bt, p, outs[i], split_cfg)
             return lambda: splitkv.decode(q, k, v, sl, block_table=bt, plan=p, out=outs[i], backend=be)
@@ -233,14 +237,15 @@ def _bench_shape(B, Hq, Hkv, L, page, backends_, split_cfg=None):
     return row
 
 
-def _split_direct(q, k, v, seqlens, bt, p, out, cfg):
+def _split_direct(q, k, v, seqlens, bt, p, out, cfg, combine_cfg=None, combine=True, fuse=False):
     from splitkv.backends.cutlass import launch
 
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
     o_part, lse_part = p.partials()
-    launch.split_(q, k, v, seqlens, bt, p, o_part, lse_part, out, lse, q.shape[-1] ** -0.5, True, cfg=cfg)
-    if o_part is not None:
-        launch.combine_(o_part, lse_part, p.num_splits, out, lse, skip_single=True)
+    launch.split_(q, k, v, seqlens, bt, p, o_part, lse_part, out, lse, q.shape[-1] ** -0.5, True, cfg=cfg,
+                  fuse=fuse)
+    if o_part is not None and combine and not fuse:
+        launch.combine_(o_part, lse_part, p.num_splits, out, lse, skip_single=True, cfg=combine_cfg)
 
 
 def phase_bench(args):
@@ -273,8 +278,34 @@ def phase_sweep(args):
     return dict(rows=rows, ok=True)
 
 
-PHASES = {"compile": phase_compile, "correct": phase_correct, "cache": phase_cache, "sanitize": phase_sanitize,
-          "bench": phase_bench, "sweep": phase_sweep}
+PDL_SHAPES = [(1, 32, 8, 4096), (1, 64, 8, 4096), (4, 32, 8, 4096), (1, 32, 32, 4096), (1, 32, 8, 32768),
+              (1, 32, 8, 131072), (4, 32, 8, 32768)]
+
+
+def phase_pdl(args):
+    """Fused merge in the split kernel vs the combine kernel (heuristics.CUTLASS_FUSED_COMBINE_MAX_SPLITS),
+    programmatic dependent launch on/off (heuristics.CUTLASS_PDL), and the split kernel alone."""
+    from splitkv.backends.cutlass.config import CombineConfig, split_config
+
+    def variant(pdl, combine=True, fuse=False):
+        return lambda p: dict(cfg=split_config("bfloat16", 128, p.tile.block_m, False, pdl),
+                              combine_cfg=CombineConfig("float32", "bfloat16", 128, pdl), combine=combine, fuse=fuse)
+
+    direct = {"fused": variant(True, fuse=True), "pdl": variant(True), "nopdl": variant(False),
+              "split_only_pdl": variant(True, False)}
+    rows = []
+    for B, Hq, Hkv, L in PDL_SHAPES:
+        r = _bench_shape(B, Hq, Hkv, L, None, tuple(direct), direct=direct)
+        r.update(_bench_shape(B, Hq, Hkv, L, None, ("triton",)))
+        torch.cuda.empty_cache()
+        log(f"  pdl B{B} {Hq}/{Hkv} L{L} splits={r['splits']}: "
+            + "  ".join(f"{k} {r[k].get('graph_us', r[k])}/{r[k].get('eager_us', '')}" for k in (*direct, "triton")))
+        rows.append(r)
+    return dict(rows=rows, ok=True)
+
+
+PHASES = {"pdl": phase_pdl, "compile": phase_compile, "correct": phase_correct, "cache": phase_cache,
+          "sanitize": phase_sanitize, "bench": phase_bench, "sweep": phase_sweep}
 
 
 def summary():

@@ -169,6 +169,21 @@ def append_tile(num_kv_heads: int, head_dim: int) -> tuple[int, int, int]:
     return block_h, block_d, 4 if block_h * block_d >= 2048 else 2
 
 
+# CuTe DSL kernels launch with programmatic dependent launch (sm_90 PDL): each kernel waits
+# (griddepcontrol.wait) for its predecessor's memory at its first instruction and lets its successor
+# launch at once (griddepcontrol.launch_dependents), so the combine's CTAs, and the next call's split
+# CTAs, are resident before the previous grid drains: the launch gap between the two kernels of a
+# decode, and between decodes under a CUDA graph, overlaps the previous kernel's tail.
+# Prediction before the H200 run: -1..2 us per decode on small shapes (B=1 GQA 4K graph: 11.0 us).
+CUTLASS_PDL = True
+
+# The CuTe DSL split kernel merges the partials itself (the last split CTA of each tile, all its
+# threads in parallel: backends/cutlass/fused_merge.py) up to this many splits, instead of a combine
+# launch. Prediction before the H200 run: the combine costs ~3 us of B=1 GQA 4K's 10.6 us (graph,
+# split kernel alone 7.4 us); a parallel merge of 16 splits' partials from L2 should take ~1 us.
+CUTLASS_FUSED_COMBINE_MAX_SPLITS = MAX_SPLITS
+
+
 def cutlass_tile(head_dim: int) -> tuple[int, int]:
     """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
 

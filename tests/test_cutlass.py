@@ -118,6 +118,8 @@ def test_split_ptx_has_the_designed_pipeline(tmp_path):
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx  # V through ldmatrix.trans
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     assert ".local" not in ptx  # nothing spilled to local memory at the PTX level
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx  # PDL
+    assert "atom.acq_rel.gpu.global.add.u32" in ptx and "fence.acq_rel.gpu" in ptx  # fused merge arrival
 
 
 @needs_dsl
@@ -141,10 +143,15 @@ GPU_CASES = [(dt, D, G, Sq, page) for dt in (torch.float16, torch.bfloat16) for 
 
 @pytest.mark.gpu
 @needs_dsl
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "combine-kernel"])
 @pytest.mark.parametrize("dtype,D,G,Sq,page", GPU_CASES)
-def test_every_split_variant_matches_reference(dtype, D, G, Sq, page):
+def test_every_split_variant_matches_reference(dtype, D, G, Sq, page, fused, monkeypatch):
     """G x Sq = 4 / 32 / 256 packed rows -> block_m 16 / 32 / 64 (4 query tiles); lengths include
-    0, 1 and rows that see no key (Sq > L); forced splits so the combine runs too."""
+    0, 1 and rows that see no key (Sq > L); forced splits so the merge runs too, both in the split
+    kernel (fused) and in the combine kernel."""
+    from splitkv import heuristics
+
+    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_COMBINE_MAX_SPLITS", heuristics.MAX_SPLITS if fused else 1)
     lens = [0, 1, 17, 113, 2049]
     q, k, v, sl = make_inputs(5, Sq, 2 * G, 2, D, lens, dtype, "cuda", seed=D + G)
     kd, vd, bt = k, v, None
@@ -194,6 +201,7 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
     assert len(got) == len(names) + 1 and got["key"] == ("float16", 64, p.tile.block_m, paged, "sm_90a")
     assert (got["group"], got["q_len"], got["num_kv_heads"], got["m_tiles"], got["batch"]) == (6, 3, 2, p.m_tiles, 2)
     assert got["page_size"] == (16 if paged else 1) and got["causal"] == 1
+    assert got["fuse"] == 1 and got["counters"] == p.counters.data_ptr()  # 3 splits: merged in the split kernel
     assert (got["s_qb"], got["s_qt"], got["s_qh"]) == q.stride()[:3]
     assert (got["s_kb"], got["s_kn"], got["s_kh"]) == k.stride()[:3]
     assert (got["s_vb"], got["s_vn"], got["s_vh"]) == v.stride()[:3]
@@ -230,13 +238,35 @@ def test_combine_arguments_land_on_the_right_kernel_parameters(monkeypatch):
 
 
 _SANITIZE_SNIPPET = """
-import torch, splitkv
-from helpers import make_inputs, to_paged
-q, k, v, sl = make_inputs(2, 4, 16, 2, 128, [129, 3], torch.bfloat16, 'cuda')
-k, v, bt = to_paged(k, v, [129, 3], 16)
-o = splitkv.decode(q, k, v, sl, block_table=bt, num_splits=3, backend='cutlass')
-torch.cuda.synchronize()
-print('ok', bool(torch.isfinite(o).all()))
+# every split variant (dtype x D x block_m x dense/paged) and every combine variant, small sizes
+import math, torch, splitkv
+from helpers import make_inputs, to_paged, assert_close_to_reference
+from splitkv.backends.cutlass import config as C, launch as L
+for dt in (torch.float16, torch.bfloat16):
+    for D in C.HEAD_DIMS:
+        for G, Sq in ((4, 1), (8, 4), (16, 4)):  # 4 / 32 / 64 packed rows: block_m 16 / 32 / 64
+            for page in (None, 16):
+                lens = [70, 3, 0]
+                q, k, v, sl = make_inputs(3, Sq, 2 * G, 2, D, lens, dt, 'cuda', seed=D + G)
+                kk, vv, bt = (k, v, None) if page is None else to_paged(k, v, lens, page)
+                o, lse = splitkv.decode(q, kk, vv, sl, block_table=bt, num_splits=3, backend='cutlass',
+                                        return_lse=True)
+                torch.cuda.synchronize()
+                assert_close_to_reference(o, lse, q, k, v, sl)  # the contiguous cache holds the same keys
+for pdt in (torch.float32, torch.float16, torch.bfloat16):  # merge_states feeds fp16/bf16 partials
+    for odt in (torch.float16, torch.bfloat16):
+        for D in C.HEAD_DIMS:
+            S, B, H, T = 5, 2, 3, 2
+            op = torch.randn(S, B, H, T, D, device='cuda').to(pdt)
+            lp = torch.randn(S, B, H, T, device='cuda')
+            lp[:, 1] = -math.inf
+            out, lse = torch.empty(B, T, H, D, dtype=odt, device='cuda'), torch.empty(B, H, T, device='cuda')
+            L.combine(op, lp, torch.tensor([5, 2], dtype=torch.int32, device='cuda'), out, lse)
+            torch.cuda.synchronize()
+            assert torch.all(out[1] == 0) and torch.isfinite(out[0]).all()
+names = {key[0] for key in L._PACKERS}
+want = {c.name for c in C.split_variants()} | {c.name for c in C.combine_variants()}
+print('ok', names >= want, len(names & want), 'of', len(want), 'variants')
 """
 
 
@@ -248,11 +278,31 @@ def test_compute_sanitizer_is_clean(tool):
 
     if shutil.which("compute-sanitizer") is None:
         pytest.skip("compute-sanitizer not on PATH")
+    from splitkv.backends.cutlass import config as C
+    from splitkv.backends.cutlass import launch as L
+
+    for cfg in C.split_variants() + C.combine_variants():  # fill the disk cache outside the sanitizer
+        (L.compile_split if isinstance(cfg, C.SplitConfig) else L.compile_combine)(cfg, "sm_90a")
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
     # --report-api-errors no: on the H200 (2026-11-29) memcheck reported 34 errors whose host frames
     # were the DSL's GPU-arch probe (cuda-python API calls), not kernel accesses; count device errors only
     res = subprocess.run(["compute-sanitizer", "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",
                           sys.executable, "-c",
-                          _SANITIZE_SNIPPET], capture_output=True, text=True, timeout=600, env=env)
+                          _SANITIZE_SNIPPET], capture_output=True, text=True, timeout=900, env=env)
     assert res.returncode == 0 and "ok True" in res.stdout, (res.stdout + res.stderr)[-4000:]
+    print(res.stdout.strip().splitlines()[-1], [ln for ln in res.stdout.splitlines() if "SUMMARY" in ln])
+
+
+@needs_dsl
+def test_fused_merge_is_chosen_by_the_heuristic_and_needs_counters(monkeypatch):
+    from splitkv import heuristics
+    from splitkv.backends.cutlass import launch
+
+    sl = torch.tensor([5000, 300], dtype=torch.int32)
+    p = splitkv.plan(sl, 8, 2, 128, num_splits=4)
+    o_part, _ = p.partials()
+    assert launch.fuses_combine(p, o_part)
+    assert not launch.fuses_combine(p, None)  # nothing split: nothing to merge
+    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_COMBINE_MAX_SPLITS", 3)
+    assert not launch.fuses_combine(p, o_part)  # 4 splits > 3: the combine kernel merges

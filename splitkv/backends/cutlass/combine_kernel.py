@@ -8,7 +8,8 @@ a partial with w_i = 0 (lse -inf) never enters the sum (selected away, so a NaN 
 cannot leak); a row whose every partial is -inf gives o = 0, lse = -inf. With skip_single,
 rows of requests with one split are left alone (the split kernel wrote them already).
 
-Each lane owns D / 32 contiguous columns. Splits go in chunks of 32: lane j computes the weight of
+Each lane owns D / 32 contiguous columns. Lane j loads the LSE of split j once, for the max and the
+weight (a second load only past 32 splits). Splits go in chunks of 32: lane j computes the weight of
 split s0 + j, then the warp walks the chunk in split order, broadcasting each weight by shuffle,
 with the chunk's o loads unrolled so they are all in flight together. Deterministic: splits are
 added in index order.
@@ -59,7 +60,7 @@ class CombineKernel:
         self.kernel(o_part, lse_part, nsplits, out, lse, max_splits, num_heads, q_len, rows, skip_single,
                     (s_ps, s_pb, s_ph, s_pt), (s_ls, s_lb, s_lh, s_lt), (s_ob, s_ot, s_oh), (s_lob, s_loh, s_lot),
                     ).launch(grid=[(rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA, 1, 1],
-                             block=[32 * ROWS_PER_CTA, 1, 1], stream=stream)
+                             block=[32 * ROWS_PER_CTA, 1, 1], stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, o_part: Int64, lse_part: Int64, nsplits: Int64, out: Int64, lse: Int64,
@@ -72,6 +73,9 @@ class CombineKernel:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         row = bid * ROWS_PER_CTA + warp
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # the split grid's partials are visible after this
+            cute.arch.griddepcontrol_launch_dependents()
         if row < rows:
             t = row % q_len
             h = (row // q_len) % num_heads
@@ -85,8 +89,12 @@ class CombineKernel:
                 o_row = o_part + (Int64(b) * sp[1] + Int64(h) * sp[2] + Int64(t) * sp[3]
                                   + Int64(lane * EPL)) * pbytes
 
-                m = -Float32.inf
-                for s in cutlass.range(lane, n, 32, unroll=1):
+                # lane j keeps the LSE of split j: with <= 32 splits the weights need no second load
+                l_first = -Float32.inf
+                if lane < n:
+                    l_first = gmem_vec(Float32, lse_row + Int64(lane) * sl[0] * 4, 1, 4)[0]
+                m = l_first
+                for s in cutlass.range(lane + 32, n, 32, unroll=1):
                     g = gmem_vec(Float32, lse_row + Int64(s) * sl[0] * 4, 1, 4)
                     m = cute.arch.fmax(m, g[0])
                 m = warp_allreduce_max(m)
@@ -97,10 +105,14 @@ class CombineKernel:
                 acc.fill(0.0)
                 for s0 in cutlass.range(0, n, CHUNK, unroll=1):
                     mine = s0 + lane
+                    l_mine = l_first
+                    if s0 > 0:
+                        l_mine = -Float32.inf
+                        if mine < n:
+                            l_mine = gmem_vec(Float32, lse_row + Int64(mine) * sl[0] * 4, 1, 4)[0]
                     w_mine = Float32(0.0)
-                    if mine < n:
-                        g = gmem_vec(Float32, lse_row + Int64(mine) * sl[0] * 4, 1, 4)
-                        w_mine = cute.math.exp2((g[0] - m_use) * LOG2E, fastmath=True)
+                    if l_mine != -Float32.inf:
+                        w_mine = cute.math.exp2((l_mine - m_use) * LOG2E, fastmath=True)
                     for j in cutlass.range_constexpr(CHUNK):
                         w = cute.arch.shuffle_sync(w_mine, j)
                         # splits past n are in the workspace (s < max_splits) but hold anything:

@@ -40,6 +40,7 @@ class SplitConfig:
     block_n: int
     num_stages: int
     paged: bool
+    pdl: bool = H.CUTLASS_PDL  # programmatic dependent launch (see heuristics.CUTLASS_PDL)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -91,7 +92,7 @@ class SplitConfig:
     @property
     def name(self) -> str:
         return (f"split_{self.dtype}_d{self.head_dim}_m{self.block_m}_n{self.block_n}_s{self.num_stages}"
-                f"_{'paged' if self.paged else 'dense'}")
+                f"_{'paged' if self.paged else 'dense'}{'' if self.pdl else '_nopdl'}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class CombineConfig:
     part_dtype: str
     out_dtype: str
     head_dim: int
+    pdl: bool = H.CUTLASS_PDL
 
     def __post_init__(self):
         if self.part_dtype not in PART_DTYPES:
@@ -116,7 +118,7 @@ class CombineConfig:
 
     @property
     def name(self) -> str:
-        return f"combine_{self.part_dtype}_to_{self.out_dtype}_d{self.head_dim}"
+        return f"combine_{self.part_dtype}_to_{self.out_dtype}_d{self.head_dim}{'' if self.pdl else '_nopdl'}"
 
 
 # sm90 allows 227 KB of dynamic shared memory per block.
@@ -128,9 +130,9 @@ def tile_for(head_dim: int) -> tuple[int, int]:
     return H.cutlass_tile(head_dim)
 
 
-def split_config(dtype: str, head_dim: int, block_m: int, paged: bool) -> SplitConfig:
+def split_config(dtype: str, head_dim: int, block_m: int, paged: bool, pdl: bool = H.CUTLASS_PDL) -> SplitConfig:
     block_n, stages = tile_for(head_dim)
-    return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged)
+    return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, pdl)
 
 
 def split_variants() -> list[SplitConfig]:

@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from splitkv import heuristics as H
 from splitkv.backends.cutlass.argpack import Packer
 from splitkv.backends.cutlass.cache import CACHE
 from splitkv.backends.cutlass.config import CombineConfig, SplitConfig, split_config
@@ -29,7 +30,7 @@ def fake_split_args():
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
 
-    return [Int64(0)] * 11 + [Int32(0)] * 8 + [Int64(0)] * 22 + [Float32(0.0), cute.runtime.make_fake_stream()]
+    return [Int64(0)] * 12 + [Int32(0)] * 9 + [Int64(0)] * 22 + [Float32(0.0), cute.runtime.make_fake_stream()]
 
 
 def fake_combine_args():
@@ -110,9 +111,16 @@ def _check_rows(name: str, t: torch.Tensor, align: int) -> None:
                          f"{t.data_ptr() % align}. Use backend='triton' for this layout.")
 
 
+def fuses_combine(plan, o_part) -> bool:
+    """Whether the split kernel merges the partials itself (no combine launch): see heuristics."""
+    return (o_part is not None and plan.counters is not None
+            and plan.max_splits <= H.CUTLASS_FUSED_COMBINE_MAX_SPLITS)
+
+
 def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
-           *, cfg: SplitConfig | None = None):
-    """Out-parameter split op: writes out/lse for one-split requests, o_part/lse_part otherwise.
+           *, cfg: SplitConfig | None = None, fuse: bool | None = None):
+    """Out-parameter split op: writes out/lse for one-split requests, o_part/lse_part otherwise;
+    with fuse (default: fuses_combine) the last split CTA of each tile also writes out/lse.
     cfg overrides the config (tile sweeps); its block_m must be the plan's."""
     B, Sq, Hq, D = q.shape
     paged = block_table is not None
@@ -131,6 +139,7 @@ def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_pa
     else:
         launch = compile_split(cfg, arch)
     parts = o_part is not None
+    fuse = fuses_combine(plan, o_part) if fuse is None else (fuse and parts and plan.counters is not None)
     op = o_part if parts else out  # never written when no request splits
     lp = lse_part if parts else lse
     p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
@@ -138,15 +147,15 @@ def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_pa
     bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
     launch(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
            plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(), bt.data_ptr(), op.data_ptr(), lp.data_ptr(),
-           out.data_ptr(), lse.data_ptr(),
+           out.data_ptr(), lse.data_ptr(), plan.counters.data_ptr() if fuse else 0,
            plan.max_splits, B, plan.num_kv_heads, plan.m_tiles, plan.qhead_per_kvhead, Sq,
-           k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)),
+           k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)), int(fuse),
            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], bt.stride(0) if paged else 0,
            *p_strides, *l_strides, *out.stride()[:3], *lse.stride()[:2],
            float(scale) * LOG2E, _stream(q.device))
 
 
-def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
+def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: CombineConfig | None = None):
     """Out-parameter combine op: out [B, T, H, D], lse [B, H, T] <- merge of the partials."""
     S, B, H, T, D = o_part.shape
     if B * H * T == 0:
@@ -159,7 +168,13 @@ def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
     per_lane = D // 32  # each lane moves D / 32 contiguous elements in <= 16-byte vectors
     _check_rows("o_part", o_part, min(16, per_lane * o_part.element_size()))
     _check_rows("out", out, min(16, per_lane * out.element_size()))
-    launch = _combine_launcher(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D, _arch(_device_index(out)))
+    arch = _arch(_device_index(out))
+    if cfg is None:
+        launch = _combine_launcher(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D, arch)
+    elif (cfg.part_dtype, cfg.out_dtype, cfg.head_dim) != (_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D):
+        raise ValueError(f"cfg: {cfg} does not match the inputs")
+    else:
+        launch = compile_combine(cfg, arch)
     launch(o_part.data_ptr(), lse_part.data_ptr(), num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(),
            S, B, H, T, int(skip_single),
            *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride(),
@@ -174,7 +189,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         raise ValueError(f"q: backend 'cutlass' needs CUDA tensors, got {q.device}")
     with torch.cuda.device(q.device):
         split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
-        if o_part is not None:
+        if o_part is not None and not fuses_combine(plan, o_part):
             combine_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
 
 

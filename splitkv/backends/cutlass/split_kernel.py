@@ -39,6 +39,7 @@ from cutlass import Float32, Int32, Int64
 from splitkv.backends.cutlass import layouts
 from splitkv.backends.cutlass.config import MMA_M, NUM_THREADS, SplitConfig
 from splitkv.backends.cutlass.epilogue import Outputs, merge_and_store, scratch_layouts, stash_warp_state
+from splitkv.backends.cutlass.fused_merge import is_last_arrival, merge_partials
 from splitkv.backends.cutlass.mainloop import WarpAttention
 from splitkv.backends.cutlass.paging import KVRows, gmem_vec, load_kv_tile, load_q_tile
 from splitkv.backends.cutlass.softmax import OnlineSoftmax
@@ -56,9 +57,9 @@ class SplitKernel:
 
     @cute.jit
     def __call__(self, q: Int64, k: Int64, v: Int64, seqlens: Int64, nsplits: Int64, chunks: Int64,
-                 block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64,
+                 block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64, counters: Int64,
                  max_splits: Int32, batch: Int32, num_kv_heads: Int32, m_tiles: Int32, group: Int32,
-                 q_len: Int32, page_size: Int32, causal: Int32,
+                 q_len: Int32, page_size: Int32, causal: Int32, fuse: Int32,
                  s_qb: Int64, s_qt: Int64, s_qh: Int64, s_kb: Int64, s_kn: Int64, s_kh: Int64,
                  s_vb: Int64, s_vn: Int64, s_vh: Int64, s_btb: Int64,
                  s_ps: Int64, s_pb: Int64, s_ph: Int64, s_pt: Int64, s_ls: Int64, s_lb: Int64, s_lh: Int64,
@@ -66,19 +67,19 @@ class SplitKernel:
                  scale_log2: Float32, stream: cuda.CUstream):
         """Host side: launch grid (B * Hkv * m_tiles, max_splits). Addresses are raw device
         pointers (ints), strides in elements."""
-        self.kernel(q, k, v, seqlens, nsplits, chunks, block_table, o_part, lse_part, out, lse,
-                    num_kv_heads, m_tiles, group, q_len, page_size, causal,
+        self.kernel(q, k, v, seqlens, nsplits, chunks, block_table, o_part, lse_part, out, lse, counters,
+                    num_kv_heads, m_tiles, group, q_len, page_size, causal, fuse,
                     (s_qb, s_qt, s_qh), (s_kb, s_kn, s_kh), (s_vb, s_vn, s_vh), s_btb,
                     (s_ps, s_pb, s_ph, s_pt), (s_ls, s_lb, s_lh, Int64(1)), (s_ob, s_ot, s_oh),
                     (s_lob, s_loh), scale_log2,
                     ).launch(grid=[batch * num_kv_heads * m_tiles, max_splits, 1],
-                             block=[NUM_THREADS, 1, 1], stream=stream)
+                             block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, q: Int64, k: Int64, v: Int64, seqlens: Int64, nsplits: Int64, chunks: Int64,
-               block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64,
+               block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64, counters: Int64,
                num_kv_heads: Int32, m_tiles: Int32, group: Int32, q_len: Int32, page_size: Int32,
-               causal: Int32, q_strides, k_strides, v_strides, s_btb: Int64, part_strides,
+               causal: Int32, fuse: Int32, q_strides, k_strides, v_strides, s_btb: Int64, part_strides,
                lpart_strides, out_strides, lse_strides, scale_log2: Float32):
         cfg = self.cfg
         BM, BN, D, ST = cfg.block_m, cfg.block_n, cfg.head_dim, cfg.num_stages
@@ -93,10 +94,16 @@ class SplitKernel:
         kvh = (pid // m_tiles) % num_kv_heads
         b = pid // (m_tiles * num_kv_heads)
 
+        if cutlass.const_expr(cfg.pdl):
+            # PDL: the previous grid's writes (q, the cache, the plan) are visible after the wait;
+            # the combine may launch now (it waits for this grid the same way)
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+        # the three per-request scalars in one round trip (every b < batch is in bounds)
         n_splits = gmem_vec(Int32, nsplits + Int64(b) * 4, 1, 4)[0]
+        seqlen = gmem_vec(Int32, seqlens + Int64(b) * 4, 1, 4)[0]
+        chunk = gmem_vec(Int32, chunks + Int64(b) * 4, 1, 4)[0]
         if split < n_splits:
-            seqlen = gmem_vec(Int32, seqlens + Int64(b) * 4, 1, 4)[0]
-            chunk = gmem_vec(Int32, chunks + Int64(b) * 4, 1, 4)[0]
             start = split * chunk
             end = cutlass.min(start + chunk, seqlen)
             if split == n_splits - 1:
@@ -109,6 +116,7 @@ class SplitKernel:
             sQ = smem.allocate_tensor(self.dtype, layouts.smem_tile(BM, D), 1024)
             # one region: the K and V rings, later overlaid by the epilogue's fp32 scratch
             ring = smem.allocate(cfg.smem_bytes - BM * D * cfg.elem_bytes - 1024, 1024)
+            sFlag = smem.allocate_tensor(Int32, cute.make_layout(1), 4)  # fused combine: "this CTA is last"
             kv_layout = layouts.smem_tile(BN, D, ST)
             sK = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype), kv_layout)
             sV = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype) + cute.cosize(kv_layout), kv_layout)
@@ -182,3 +190,9 @@ class SplitKernel:
             outs = Outputs(self.dtype, n_splits == 1, b, kvh, split, group, out, out_strides, lse,
                            lse_strides, o_part, part_strides, lse_part, lpart_strides)
             merge_and_store(sRed, sMax, sSum, outs, tidx, row0, num_rows, BM, D, WN)
+            if n_splits > 1:
+                if fuse != 0:  # the launch chose the fused combine (heuristics.CUTLASS_FUSED_COMBINE_MAX_SPLITS)
+                    if is_last_arrival(counters + Int64(pid) * 4, n_splits, sFlag, tidx):
+                        final = Outputs(self.dtype, True, b, kvh, split, group, out, out_strides, lse,
+                                        lse_strides, o_part, part_strides, lse_part, lpart_strides)
+                        merge_partials(final, n_splits, tidx, row0, num_rows, BM, D)
