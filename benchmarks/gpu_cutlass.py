@@ -294,7 +294,10 @@ def phase_pdl(args):
     direct = {"fused": variant(True, fuse=True), "pdl": variant(True), "nopdl": variant(False),
               "split_only_pdl": variant(True, False)}
     rows = []
-    for B, Hq, Hkv, L in PDL_SHAPES:
+    shapes = PDL_SHAPES
+    if os.environ.get("PDL_SHAPES"):  # e.g. "64,32,8,32768;1,32,8,4096"
+        shapes = [tuple(int(x) for x in s.split(",")) for s in os.environ["PDL_SHAPES"].split(";")]
+    for B, Hq, Hkv, L in shapes:
         r = _bench_shape(B, Hq, Hkv, L, None, tuple(direct), direct=direct)
         r.update(_bench_shape(B, Hq, Hkv, L, None, ("triton",)))
         torch.cuda.empty_cache()
