@@ -68,6 +68,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
             validate.check_seqlens_host([int(x) for x in cache_seqlens.tolist()], prob, block_table, k_cache.shape[0])
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)
     o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
+    name = backends.refine_auto(backend, name, plan, q, k_cache, v_cache, o)
     lse = torch.empty(prob.batch, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=q.device)
     o_part, lse_part = plan.partials()
     backends.get(name).run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,

@@ -200,8 +200,17 @@ def cutlass_tile(head_dim: int) -> tuple[int, int]:
     return 64, 2
 
 
-# backend="auto" on sm90 stays on Triton even where the CuTe DSL backend is installed. Measured on
-# the H200 (benchmarks/gpu_cutlass.py, bf16 D=128, 2026-11-29): under CUDA-graph replay the two are
-# within 2% (B=1 GQA 4K 11.0 vs 10.9 us; 32K 39.7 vs 39.8; 128K 132.3 vs 130.1; B=16 MHA 32K
-# 1913 vs 1892), while eagerly cutlass costs more host time per call (B=1 GQA 4K 132 vs 72 us).
-PREFER_CUTLASS_SM90 = False
+# backend="auto" on sm90 with the CuTe DSL installed: cutlass for plans that split, Triton for plans
+# that do not. Measured on the H200 (2026-11-29, bf16 D=128, CUDA-graph replay; benchmarks/results/
+# 2026-11-29-h200/bench_peers.md, bench_paged_pdl.md, gpu_cutlass_pdl.json). Split plans, where the
+# cutlass kernel merges the splits itself and launches with PDL: B=1 GQA 32/8 4K 10.1 us vs Triton
+# 11.4, B=1 MHA 4K 21.7 vs 25.7, B=4 GQA 4K 22.3 vs 26.1, paged16 B=1 GQA 4K 10.4 vs 13.5, B=1 GQA
+# 128K 128.0 vs 129.8, B=4 GQA 32K 123.9 vs 128.2; B=1 GQA 32K is a toss-up (42.2 vs 40.4 in the bench
+# run, 38.0 / 38.4 vs 39.3 / 39.9 in two A/B runs). Unsplit plans (one CTA per sequence, where Triton
+# uses its block_n 128 tile): Triton is 0.5-1.4% faster (B=64 GQA 32K 1886 vs 1912 us, B=16 MHA 32K
+# 1900 vs 1919), so auto keeps Triton there.
+AUTO_CUTLASS_MIN_SPLITS = 2
+
+
+def auto_prefers_cutlass(max_splits: int) -> bool:
+    return max_splits >= AUTO_CUTLASS_MIN_SPLITS

@@ -41,10 +41,6 @@ def resolve(backend: str, device: torch.device) -> str:
     if backend == "auto":
         if device.type != "cuda":
             return "torch"
-        from .. import heuristics as H
-
-        if H.PREFER_CUTLASS_SM90 and cutlass_available() and torch.cuda.get_device_capability(device)[0] == 9:
-            return "cutlass"
         return "triton" if triton_available() else "torch"
     if backend == "triton":
         if not triton_available():
@@ -58,6 +54,22 @@ def resolve(backend: str, device: torch.device) -> str:
     if backend == "torch" or backend in _MODULES:
         return backend
     raise ValueError(f"backend: expected one of 'auto', {tuple(_MODULES)}, got {backend!r}")
+
+
+def refine_auto(backend: str, name: str, plan, q, k_cache, v_cache, out) -> str:
+    """'auto' once the plan is known: on sm90 with the CuTe DSL installed, cutlass for the plans
+    heuristics.auto_prefers_cutlass gives it (where its layout checks pass), else `name`."""
+    if name != "triton" or backend != "auto" or os.environ.get("SPLITKV_BACKEND", "auto") not in ("", "auto"):
+        return name
+    from .. import heuristics as H
+
+    if not H.auto_prefers_cutlass(plan.max_splits) or not cutlass_available():
+        return name
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return name
+    from .cutlass import layout_ok
+
+    return "cutlass" if layout_ok(q, k_cache, v_cache, out) else name
 
 
 def get(backend: str):

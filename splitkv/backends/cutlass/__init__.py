@@ -31,6 +31,19 @@ def available() -> bool:
     return any(os.path.isdir(os.path.join(loc, "cute")) for loc in spec.submodule_search_locations)
 
 
+def rows_aligned(t, align: int) -> bool:
+    """Unit stride on the last dim and `align`-byte aligned rows (pointer and strides): what the
+    kernels' vector accesses need (16 B for q / K / V / partials, 8 B for the output)."""
+    esize = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % align == 0
+            and all((s * esize) % align == 0 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1))
+
+
+def layout_ok(q, k_cache, v_cache, out) -> bool:
+    """backend='auto' takes cutlass only where its layout checks would pass."""
+    return all(rows_aligned(t, 16) for t in (q, k_cache, v_cache)) and rows_aligned(out, 8)
+
+
 def _launch():
     if not available():
         raise RuntimeError(INSTALL_HINT)
@@ -48,4 +61,4 @@ def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
     _launch().combine(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)
 
 
-__all__ = ["run", "combine", "available", "INSTALL_HINT"]
+__all__ = ["run", "combine", "available", "layout_ok", "rows_aligned", "INSTALL_HINT"]

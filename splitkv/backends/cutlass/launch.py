@@ -11,6 +11,7 @@ import functools
 import torch
 
 from splitkv import heuristics as H
+from splitkv.backends.cutlass import rows_aligned
 from splitkv.backends.cutlass.argpack import Packer
 from splitkv.backends.cutlass.cache import CACHE
 from splitkv.backends.cutlass.config import CombineConfig, SplitConfig, split_config
@@ -103,9 +104,7 @@ def _device_index(t: torch.Tensor) -> int:
 
 def _check_rows(name: str, t: torch.Tensor, align: int) -> None:
     """The kernels move rows with 16-byte (8-byte for 4 x 16-bit outputs) vector accesses."""
-    esize = t.element_size()
-    bad_stride = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1 and (s * esize) % align]
-    if t.data_ptr() % align or bad_stride or t.stride(-1) != 1:
+    if not rows_aligned(t, align):
         raise ValueError(f"{name}: backend 'cutlass' needs unit stride on the last dim and {align}-byte aligned "
                          f"rows (pointer and strides); got strides {tuple(t.stride())}, data_ptr % {align} = "
                          f"{t.data_ptr() % align}. Use backend='triton' for this layout.")

@@ -1,0 +1,52 @@
+"""backend='auto': which backend a decode runs on (CPU: the sm90 device query and the DSL check are
+stubbed, so the rule itself is what is tested; the kernels run in the GPU tests)."""
+
+import pytest
+import torch
+from helpers import make_inputs
+
+import splitkv
+from splitkv import backends, heuristics
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    monkeypatch.setattr(backends, "cutlass_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.delenv("SPLITKV_BACKEND", raising=False)
+
+
+def _choice(num_splits, backend="auto", transposed=False):
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 40], torch.float16, transposed=transposed)
+    p = splitkv.plan(sl, 8, 2, 64, num_splits=num_splits)
+    return backends.refine_auto(backend, "triton", p, q, k, v, torch.empty_like(q))
+
+
+def test_auto_takes_cutlass_for_split_plans_on_sm90(sm90):
+    assert heuristics.auto_prefers_cutlass(2) and not heuristics.auto_prefers_cutlass(1)
+    assert _choice(3) == "cutlass"
+    assert _choice(1) == "triton"  # unsplit plans: Triton measured faster
+
+
+def test_explicit_backends_and_the_env_override_are_kept(sm90, monkeypatch):
+    assert _choice(3, backend="triton") == "triton"
+    monkeypatch.setenv("SPLITKV_BACKEND", "triton")
+    assert _choice(3) == "triton"
+
+
+def test_auto_stays_on_triton_without_the_dsl_or_off_sm90(monkeypatch):
+    monkeypatch.delenv("SPLITKV_BACKEND", raising=False)
+    monkeypatch.setattr(backends, "cutlass_available", lambda: False)
+    assert _choice(3) == "triton"
+    monkeypatch.setattr(backends, "cutlass_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert _choice(3) == "triton"
+
+
+def test_auto_avoids_cutlass_for_layouts_it_rejects(sm90):
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 40], torch.float16)
+    p = splitkv.plan(sl, 8, 2, 64, num_splits=3)
+    k_odd = torch.empty(k.numel() + 1, dtype=k.dtype)[1:].view(k.shape)  # rows 2 bytes off 16-byte alignment
+    assert backends.refine_auto("auto", "triton", p, q, k_odd, v, torch.empty_like(q)) == "triton"
+    assert backends.refine_auto("auto", "triton", p, q, k, v, torch.empty_like(q)) == "cutlass"
+    assert _choice(3, transposed=True) == "cutlass"  # [B, H, L, D] storage: strided, still aligned
