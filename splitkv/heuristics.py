@@ -208,9 +208,16 @@ def cutlass_tile(head_dim: int) -> tuple[int, int]:
 # 128K 128.0 vs 129.8, B=4 GQA 32K 123.9 vs 128.2; B=1 GQA 32K is a toss-up (42.2 vs 40.4 in the bench
 # run, 38.0 / 38.4 vs 39.3 / 39.9 in two A/B runs). Unsplit plans (one CTA per sequence, where Triton
 # uses its block_n 128 tile): Triton is 0.5-1.4% faster (B=64 GQA 32K 1886 vs 1912 us, B=16 MHA 32K
-# 1900 vs 1919), so auto keeps Triton there.
+# 1900 vs 1919), so the rule below keeps Triton there.
+# AUTO_CUTLASS is off for now: with it on, the demo's random-weight 8-layer Llama (bf16, 32K prompt,
+# every step 33 splits through cutlass) matched transformers' greedy tokens 1/32 on the H200, where
+# Triton matched 32/32 in the same session. The kernel-level GPU tests (every variant, fused and
+# unfused merge, paged, graphs, compile) and the bench's error column (<= 3e-4) are all within
+# tolerance, so this may be bf16 argmax fragility on random weights (logits differ from transformers'
+# by up to 0.15 with either backend), but it is not explained yet: see benchmarks/NOTES.md.
+AUTO_CUTLASS = False
 AUTO_CUTLASS_MIN_SPLITS = 2
 
 
 def auto_prefers_cutlass(max_splits: int) -> bool:
-    return max_splits >= AUTO_CUTLASS_MIN_SPLITS
+    return AUTO_CUTLASS and max_splits >= AUTO_CUTLASS_MIN_SPLITS
