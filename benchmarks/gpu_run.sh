@@ -22,7 +22,7 @@ fi
 if has cutlass; then python benchmarks/gpu_cutlass.py --out "$OUT" ${CUTLASS_ARGS:-} 2>&1 | tee "$OUT/cutlass.log" | tail -60; fi
 if has host; then python benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log" | tail -20; fi
 if has graphtune; then python benchmarks/triton_tune.py --graph-only --out "$OUT" 2>&1 | tee "$OUT/graphtune.log" | grep GRAPH; fi
-if has hf; then python benchmarks/hf_decode.py --out "$OUT/hf_decode.json" 2>&1 | tee "$OUT/hf.log" | tail -15; fi
+if has hf; then python benchmarks/hf_decode.py --out "$OUT/hf_decode.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -15; fi
 # at most 8 files come back: pack everything but the JSON results into one archive
 (cd "$OUT" && tar czf /tmp/logs_and_plots.tgz --exclude='*.json' . && find . -type f ! -name '*.json' -delete \
   && mv /tmp/logs_and_plots.tgz .)

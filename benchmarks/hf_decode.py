@@ -79,11 +79,11 @@ def run_transformers(model, ids, steps, warmup, device):
 
 
 @torch.no_grad()
-def run_splitkv(model, ids, tokens, steps, warmup, device, page_size):
+def run_splitkv(model, ids, tokens, steps, warmup, device, page_size, backend="auto"):
     """The same loop through splitkv, fed the transformers run's tokens (teacher forcing)."""
     _sync(device)
     t0 = time.perf_counter()
-    state, _ = hf.prefill(model, ids, max_new_tokens=warmup + steps + 1, page_size=page_size)
+    state, _ = hf.prefill(model, ids, max_new_tokens=warmup + steps + 1, page_size=page_size, backend=backend)
     _sync(device)
     prefill = time.perf_counter() - t0
     timed = []
@@ -111,11 +111,12 @@ def measure(model, a, B, device):
     if device.type == "cuda":
         torch.cuda.empty_cache()
     skv_logits, skv_prefill, skv_decode = run_splitkv(model, ids, toks, a.new_tokens, a.warmup, device,
-                                                      a.page_size)
+                                                      a.page_size, a.backend)
     diff = float((skv_logits.float() - ref_logits.float()).abs().max())
     scale = float(ref_logits.float().abs().max())
     rows = []
-    runs = (("transformers-sdpa", tf_prefill, tf_decode), ("splitkv", skv_prefill, skv_decode))
+    skv_name = "splitkv" if a.backend == "auto" else f"splitkv-{a.backend}"
+    runs = (("transformers-sdpa", tf_prefill, tf_decode), (skv_name, skv_prefill, skv_decode))
     for name, pre, dec in runs:
         rows.append({"provider": name, "batch": B, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
                      "prefill_s": pre, "decode_ms_per_step": dec / a.new_tokens * 1e3,
@@ -162,6 +163,8 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--backend", default="auto", help="splitkv backend for the decode steps (auto, triton, "
+                    "cutlass, torch): max_logit_diff_vs_transformers compares backends on teacher-forced tokens")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke settings (2 layers, 4/2 heads, D 64)")
     a = ap.parse_args(argv)
     if a.tiny:

@@ -214,7 +214,9 @@ def cutlass_tile(head_dim: int) -> tuple[int, int]:
 # Triton matched 32/32 in the same session. The kernel-level GPU tests (every variant, fused and
 # unfused merge, paged, graphs, compile) and the bench's error column (<= 3e-4) are all within
 # tolerance, so this may be bf16 argmax fragility on random weights (logits differ from transformers'
-# by up to 0.15 with either backend), but it is not explained yet: see benchmarks/NOTES.md.
+# by up to 0.15 with either backend), but it is not explained yet. The decider, one GPU call:
+# `HF_ARGS="--backend cutlass" bash benchmarks/gpu_run.sh hf` (teacher-forced logits vs
+# transformers; Triton's max diff is 0.148): see benchmarks/NOTES.md.
 AUTO_CUTLASS = False
 AUTO_CUTLASS_MIN_SPLITS = 2
 
