@@ -88,16 +88,22 @@ class Outputs:
                 g_lse[0] = lse
 
 
+def tile_items(tidx: Int32, row0: Int32, block_m: int, head_dim: int):
+    """This thread's (row in tile, first column, packed row p) items: the tile's block_m x (D / VEC)
+    items of VEC columns, spread over the CTA's threads (a trace-time generator: the loop unrolls,
+    each item's index math emitted just before its body)."""
+    chunks = head_dim // VEC
+    for i in range(block_m * chunks // NUM_THREADS):
+        idx = tidx + NUM_THREADS * i
+        row = idx // chunks
+        yield row, (idx - row * chunks) * VEC, row0 + row
+
+
 @cute.jit
 def merge_and_store(sRed, sMax, sSum, outs: Outputs, tidx: Int32, row0: Int32, num_rows: Int32,
                     block_m: cutlass.Constexpr, head_dim: cutlass.Constexpr, warps_n: cutlass.Constexpr):
     """All threads: rows x (D / 4) items, each merging the warps_n partial states of 4 columns."""
-    chunks = head_dim // VEC
-    for i in cutlass.range_constexpr(block_m * chunks // NUM_THREADS):
-        idx = tidx + NUM_THREADS * i
-        row = idx // chunks
-        col = (idx - row * chunks) * VEC
-        p = row0 + row
+    for row, col, p in tile_items(tidx, row0, block_m, head_dim):
         if p < num_rows:
             m = sMax[0, row]
             for w in cutlass.range_constexpr(1, warps_n):

@@ -22,8 +22,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from splitkv.backends.cutlass.config import NUM_THREADS
-from splitkv.backends.cutlass.epilogue import VEC
+from splitkv.backends.cutlass.epilogue import VEC, tile_items
 from splitkv.backends.cutlass.paging import gmem_vec
 
 LOG2E = 1.4426950408889634
@@ -60,14 +59,9 @@ def is_last_arrival(counter: Int64, n_splits: Int32, sFlag, tidx: Int32):
 def merge_partials(outs, n_splits: Int32, tidx: Int32, row0: Int32, num_rows: Int32,
                    block_m: cutlass.Constexpr, head_dim: cutlass.Constexpr):
     """Merge the n_splits partials of this tile's rows into the final o / lse (outs.single is True)."""
-    chunks = head_dim // VEC
     sp, sl = outs.part_strides, outs.lpart_strides
     b = Int64(outs.b)
-    for i in cutlass.range_constexpr(block_m * chunks // NUM_THREADS):
-        idx = tidx + NUM_THREADS * i
-        row = idx // chunks
-        col = (idx - row * chunks) * VEC
-        p = row0 + row
+    for _row, col, p in tile_items(tidx, row0, block_m, head_dim):
         if p < num_rows:
             tok = p // outs.group
             head = Int64(outs.kvh * outs.group + p - tok * outs.group)
