@@ -222,7 +222,8 @@ def _bench_shape(B, Hq, Hkv, L, page, backends_, split_cfg=None, direct=None):
         def call(i, be=be):
             q, k, v, sl, bt = sets[i]
             if direct is not None:  # name -> kwargs of _split_direct (A/B of kernel configs)
-                return lambda: _split_direct(q, k, v, sl, bt, p, outs[i], **direct[be](p))
+                kw = direct[be](p)  # built once, not inside the timed call
+                return lambda: _split_direct(q, k, v, sl, bt, p, outs[i], **kw)
             if split_cfg is not None:
                 return lambda: _split_direct(q, k, v, sl, bt, p, outs[i], split_cfg)
             return lambda: splitkv.decode(q, k, v, sl, block_table=bt, plan=p, out=outs[i], backend=be)

@@ -173,22 +173,31 @@ def test_every_split_variant_matches_reference(dtype, D, G, Sq, page, fused, mon
         assert torch.equal(o, o2)  # bitwise run-to-run determinism
 
 
+def _record_launches(monkeypatch, kernel_cls, launcher: str):
+    """Replace launch.<launcher> by a recorder: (dict argument name -> value + 'key', the names)."""
+    import inspect
+
+    from splitkv.backends.cutlass import launch
+
+    got = {}
+    names = inspect.getfullargspec(kernel_cls.__call__.__wrapped__).args[1:]
+    monkeypatch.setattr(launch, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(launch, "_device_index", lambda t: 0)
+    monkeypatch.setattr(launch, "_stream", lambda device: "stream")
+    monkeypatch.setattr(launch, launcher, lambda *key: lambda *a: got.update(zip(names, a), key=key))
+    return got, names
+
+
 @needs_dsl
 @pytest.mark.parametrize("paged", [False, True])
 def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged):
     """The launch glue's positional arguments, named by the kernel's own signature (CPU tensors,
     launcher replaced by a recorder): a swapped stride would be a silent wrong answer on the GPU."""
-    import inspect
 
     from splitkv.backends.cutlass import launch
     from splitkv.backends.cutlass.split_kernel import SplitKernel
 
-    got = {}
-    names = inspect.getfullargspec(SplitKernel.__call__.__wrapped__).args[1:]
-    monkeypatch.setattr(launch, "_arch", lambda index: "sm_90a")
-    monkeypatch.setattr(launch, "_device_index", lambda t: 0)
-    monkeypatch.setattr(launch, "_stream", lambda device: "stream")
-    monkeypatch.setattr(launch, "_split_launcher", lambda *key: lambda *a: got.update(zip(names, a), key=key))
+    got, names = _record_launches(monkeypatch, SplitKernel, "_split_launcher")
     lens = [300, 40]
     q, k, v, sl = make_inputs(2, 3, 12, 2, 64, lens, torch.float16, transposed=True)
     bt = None
@@ -215,17 +224,11 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
 
 @needs_dsl
 def test_combine_arguments_land_on_the_right_kernel_parameters(monkeypatch):
-    import inspect
 
     from splitkv.backends.cutlass import launch
     from splitkv.backends.cutlass.combine_kernel import CombineKernel
 
-    got = {}
-    names = inspect.getfullargspec(CombineKernel.__call__.__wrapped__).args[1:]
-    monkeypatch.setattr(launch, "_arch", lambda index: "sm_90a")
-    monkeypatch.setattr(launch, "_device_index", lambda t: 0)
-    monkeypatch.setattr(launch, "_stream", lambda device: "stream")
-    monkeypatch.setattr(launch, "_combine_launcher", lambda *key: lambda *a: got.update(zip(names, a), key=key))
+    got, names = _record_launches(monkeypatch, CombineKernel, "_combine_launcher")
     o_part, lse_part = torch.zeros(5, 2, 4, 3, 128), torch.zeros(5, 2, 4, 3)
     out, lse = torch.empty(2, 3, 4, 128, dtype=torch.bfloat16), torch.empty(2, 4, 3)
     launch.combine_(o_part, lse_part, torch.ones(2, dtype=torch.int32), out, lse, skip_single=True)

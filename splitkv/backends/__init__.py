@@ -59,11 +59,11 @@ def resolve(backend: str, device: torch.device) -> str:
 def refine_auto(backend: str, name: str, plan, q, k_cache, v_cache, out) -> str:
     """'auto' once the plan is known: on sm90 with the CuTe DSL installed, cutlass for the plans
     heuristics.auto_prefers_cutlass gives it (where its layout checks pass), else `name`."""
-    if name != "triton" or backend != "auto" or os.environ.get("SPLITKV_BACKEND", "auto") not in ("", "auto"):
-        return name
     from .. import heuristics as H
 
-    if not H.auto_prefers_cutlass(plan.max_splits) or not cutlass_available():
+    if name != "triton" or backend != "auto" or not H.auto_prefers_cutlass(plan.max_splits):
+        return name  # the usual path: no environment lookup, no device query
+    if os.environ.get("SPLITKV_BACKEND", "auto") not in ("", "auto") or not cutlass_available():
         return name
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return name

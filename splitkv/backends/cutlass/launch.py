@@ -187,8 +187,10 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     if q.device.type != "cuda":
         raise ValueError(f"q: backend 'cutlass' needs CUDA tensors, got {q.device}")
     with torch.cuda.device(q.device):
-        split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
-        if o_part is not None and not fuses_combine(plan, o_part):
+        fuse = fuses_combine(plan, o_part)
+        split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+               fuse=fuse)
+        if o_part is not None and not fuse:
             combine_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
 
 
