@@ -265,8 +265,8 @@ def phase_sweep(args):
     from splitkv.backends.cutlass.config import SplitConfig
 
     rows = []
-    for B, Hq, Hkv, L in ((1, 32, 8, 32768), (16, 32, 32, 32768)):
-        for bn, st in ((64, 2), (64, 3), (64, 4), (64, 5), (128, 2), (128, 3)):
+    for B, Hq, Hkv, L in ((1, 32, 8, 32768), (16, 32, 32, 32768), (64, 32, 8, 32768)):
+        for bn, st in ((64, 3), (128, 2), (128, 3)):  # split-plan tile vs the unsplit candidates
             rows_m = min(max(1 << max(0, (Hq // Hkv - 1).bit_length()), 16), 64)
             try:
                 cfg = SplitConfig("bfloat16", 128, rows_m, bn, st, False)

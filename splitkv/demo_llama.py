@@ -49,15 +49,16 @@ def run(console, device) -> bool:
     with torch.no_grad():
         _sync(device)
         t0 = time.perf_counter()
-        ours = hf.generate(model, ids, new, eos_token_id=None)
+        ours, our_logits = hf.generate(model, ids, new, eos_token_id=None, output_logits=True)
         _sync(device)
         t_ours = time.perf_counter() - t0
         t0 = time.perf_counter()
         ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
+                             eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
         _sync(device)
         t_ref = time.perf_counter() - t0
-    same = int((ours[0, prompt:] == ref[0, prompt:]).sum())
+    ours, theirs = ours[0, prompt:], ref.sequences[0, prompt:]
+    same = int((ours == theirs).sum())
     lens = torch.tensor([prompt + new - 1], dtype=torch.int32, device=device)
     p = splitkv.plan(lens, hq, hkv, D)
     console.print(f"\n[bold]Random-weight Llama[/] ({layers} layers, hidden {hidden}, Hq {hq} / Hkv {hkv}, D {D}, "
@@ -67,7 +68,24 @@ def run(console, device) -> bool:
                   f"transformers generate: {t_ref:.2f} s")
     console.print(f"  splits at the last step: {p.num_splits_host[0]} per KV head "
                   f"(chunk {p.chunk_len} keys, tile {p.tile.block_m}x{p.tile.block_n})")
-    note = "" if gpu else " (fp32 on CPU: must be identical)"
-    color = "green" if same == new else ("yellow" if gpu else "red")
-    console.print(f"  [{color}]{same}/{new} tokens identical to transformers' generate{note}[/]")
-    return same == new or gpu  # bf16 greedy on random weights may legitimately diverge on a GPU
+    if same == new:
+        note = "" if gpu else " (fp32 on CPU: must be identical)"
+        console.print(f"  [green]{same}/{new} tokens identical to transformers' generate{note}[/]")
+        return True
+    tie = _near_tie(our_logits[0], torch.stack(ref.logits, 1)[0], ours, theirs)
+    console.print(f"  [yellow]{same}/{new} tokens identical to transformers' generate[/]: {tie[1]}")
+    return gpu and tie[0]  # fp32 on the CPU must match exactly
+
+
+def _near_tie(our_logits, ref_logits, ours, theirs):
+    """At the first differing token (same prefix before it, so the two logit rows are comparable):
+    (whether transformers' top-2 gap there is within splitkv's logit difference, the sentence)."""
+    k = int((ours != theirs).nonzero()[0])
+    top2 = ref_logits[k].float().topk(2).values
+    gap = float(top2[0] - top2[1])
+    diff = float((our_logits[k].float() - ref_logits[k].float()).abs().max())
+    tie = gap <= diff
+    what = ("a near-tie that low-precision rounding order decides, not an attention error" if tie
+            else "NOT a near-tie: check the attention output against splitkv.reference")
+    return tie, (f"they first differ at new token {k}, where transformers' own top-2 logits are {gap:.3g} apart "
+                 f"and splitkv's logits differ from transformers' by up to {diff:.3g}: {what}")

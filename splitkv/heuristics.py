@@ -184,19 +184,24 @@ CUTLASS_PDL = True
 CUTLASS_FUSED_COMBINE_MAX_SPLITS = MAX_SPLITS
 
 
-def cutlass_tile(head_dim: int) -> tuple[int, int]:
+def cutlass_tile(head_dim: int, splitting: bool = True) -> tuple[int, int]:
     """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
 
-    Every stage holds K and V tiles of block_n x D (2 B each); the rule keeps a stage at 32 KB for
-    D <= 128 and 3 stages = 96 KB, so two blocks fit per SM (2 x ~100 KB of 228 KB) and each keeps
-    two stages (64 KB) in flight while it computes on the third: ~130 KB in flight per SM, far more
-    than the ~30 KB that covers HBM latency at 4.8 TB/s over 132 SMs. D = 256 needs block_n >= 64
-    (16 keys per warp for the 4 key-split warps), so 64 KB stages, 2 of them.
+    Split plans: every stage holds K and V tiles of block_n x D (2 B each); the rule keeps a stage
+    at 32 KB for D <= 128 and 3 stages = 96 KB, so two blocks fit per SM (2 x ~100 KB of 228 KB)
+    and each keeps two stages (64 KB) in flight while it computes on the third: ~130 KB in flight
+    per SM, far more than the ~30 KB that covers HBM latency at 4.8 TB/s over 132 SMs. D = 256
+    needs block_n >= 64 (16 keys per warp for the 4 key-split warps), so 64 KB stages, 2 of them.
+
+    Unsplit plans at D = 128 (one CTA streams a whole sequence; B >= 16 grids of 256-512 CTAs):
+    block_n 128, 3 stages (192 KB, one CTA per SM, 128 KB in flight), Triton's unsplit tile. H200
+    before this rule (bench, graph): cutlass n64 was 0.5-1.4% behind Triton's n128 there (B=64
+    GQA 32K 1912 vs 1886 us, B=16 MHA 32K 1919 vs 1900). Prediction: n128 closes that gap.
     """
     if head_dim == 64:
         return 128, 3
     if head_dim == 128:
-        return 64, 3
+        return (64, 3) if splitting else (128, 3)
     return 64, 2
 
 
@@ -209,15 +214,14 @@ def cutlass_tile(head_dim: int) -> tuple[int, int]:
 # run, 38.0 / 38.4 vs 39.3 / 39.9 in two A/B runs). Unsplit plans (one CTA per sequence, where Triton
 # uses its block_n 128 tile): Triton is 0.5-1.4% faster (B=64 GQA 32K 1886 vs 1912 us, B=16 MHA 32K
 # 1900 vs 1919), so the rule below keeps Triton there.
-# AUTO_CUTLASS is off for now: with it on, the demo's random-weight 8-layer Llama (bf16, 32K prompt,
-# every step 33 splits through cutlass) matched transformers' greedy tokens 1/32 on the H200, where
-# Triton matched 32/32 in the same session. The kernel-level GPU tests (every variant, fused and
-# unfused merge, paged, graphs, compile) and the bench's error column (<= 3e-4) are all within
-# tolerance, so this may be bf16 argmax fragility on random weights (logits differ from transformers'
-# by up to 0.15 with either backend), but it is not explained yet. The decider, one GPU call:
-# `HF_ARGS="--backend cutlass" bash benchmarks/gpu_run.sh hf` (teacher-forced logits vs
-# transformers; Triton's max diff is 0.148): see benchmarks/NOTES.md.
-AUTO_CUTLASS = False
+# The demo's 1/32 greedy-token match with auto -> cutlass (2026-11-29, session 2) is a bf16 near-tie,
+# not an attention error (benchmarks/hf_backend_check.py, results/2026-11-29-h200-s3/): on that
+# model's own inputs, every layer and step, cutlass (fused, unfused, 1 split, dense) and Triton have
+# the same max error vs the fp64 reference (0.06-0.12 on |o| <= 57, bf16 rounding); the first
+# differing token is one where transformers' own top-2 logits are 0.25 apart (one bf16 step there)
+# while both backends' logits differ from transformers' by 0.78 (Triton) / 0.81 (cutlass). Teacher-
+# forced, 8 layers, 32K: max logit diff vs transformers 0.136 / 0.160 (B=1 / 4) vs Triton's 0.148 / 0.164.
+AUTO_CUTLASS = True
 AUTO_CUTLASS_MIN_SPLITS = 2
 
 

@@ -28,7 +28,9 @@ needs_dsl = pytest.mark.skipif(not backend.available(), reason="nvidia-cutlass-d
 # ---------------------------------------------------------------------------- pure Python (always)
 def test_variant_lists_cover_every_launchable_config():
     split = config.split_variants()
-    assert len(split) == 2 * 3 * 3 * 2 and len({c.name for c in split}) == len(split)
+    # dtype x D x block_m x paged, plus D128's unsplit tile (heuristics.cutlass_tile)
+    assert len(split) == 2 * 3 * 3 * 2 + 2 * 3 * 2 and len({c.name for c in split}) == len(split)
+    assert {(c.block_n, c.num_stages) for c in split if c.head_dim == 128} == {(64, 3), (128, 3)}
     assert {c.block_m for c in split} == set(config.BLOCK_MS)  # every planner query tile
     assert len(config.combine_variants()) == 3 * 2 * 3
     for c in split:
@@ -39,10 +41,14 @@ def test_variant_lists_cover_every_launchable_config():
         assert c.smem_bytes - c.block_m * c.head_dim * 2 - 1024 >= c.reduce_bytes
 
 
-def test_two_blocks_per_sm_at_d128_and_below():
-    for c in config.split_variants():
-        if c.head_dim <= 128:
-            assert 2 * (c.smem_bytes + 1024) <= 228 * 1024, c
+def test_two_blocks_per_sm_at_d128_and_below_when_splitting():
+    """Split plans: two CTAs per SM (heuristics.cutlass_tile); unsplit D128 takes one big tile."""
+    for dt in config.DTYPES:
+        for d in (64, 128):
+            for bm in config.BLOCK_MS:
+                c = config.split_config(dt, d, bm, False)
+                assert 2 * (c.smem_bytes + 1024) <= 228 * 1024, c
+    assert config.split_config("bfloat16", 128, 16, True, splitting=False).block_n == 128
 
 
 @pytest.mark.parametrize("bad", [dict(dtype="float32"), dict(head_dim=96), dict(block_m=8),
@@ -207,7 +213,7 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
     o_part, lse_part = p.partials()
     out, lse = torch.empty_like(q), torch.empty(2, 12, 3)
     launch.split_(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True)
-    assert len(got) == len(names) + 1 and got["key"] == ("float16", 64, p.tile.block_m, paged, "sm_90a")
+    assert len(got) == len(names) + 1 and got["key"] == ("float16", 64, p.tile.block_m, paged, True, "sm_90a")
     assert (got["group"], got["q_len"], got["num_kv_heads"], got["m_tiles"], got["batch"]) == (6, 3, 2, p.m_tiles, 2)
     assert got["page_size"] == (16 if paged else 1) and got["causal"] == 1
     assert got["fuse"] == 1 and got["counters"] == p.counters.data_ptr()  # 3 splits: merged in the split kernel
@@ -241,7 +247,7 @@ def test_combine_arguments_land_on_the_right_kernel_parameters(monkeypatch):
 
 
 _SANITIZE_SNIPPET = """
-# every split variant (dtype x D x block_m x dense/paged) and every combine variant, small sizes
+# every split variant (dtype x D x block_m x dense/paged x split/unsplit tile) and every combine variant
 import math, torch, splitkv
 from helpers import make_inputs, to_paged, assert_close_to_reference
 from splitkv.backends.cutlass import config as C, launch as L
@@ -252,10 +258,11 @@ for dt in (torch.float16, torch.bfloat16):
                 lens = [70, 3, 0]
                 q, k, v, sl = make_inputs(3, Sq, 2 * G, 2, D, lens, dt, 'cuda', seed=D + G)
                 kk, vv, bt = (k, v, None) if page is None else to_paged(k, v, lens, page)
-                o, lse = splitkv.decode(q, kk, vv, sl, block_table=bt, num_splits=3, backend='cutlass',
-                                        return_lse=True)
-                torch.cuda.synchronize()
-                assert_close_to_reference(o, lse, q, k, v, sl)  # the contiguous cache holds the same keys
+                for ns in ((3, 1) if D == 128 else (3,)):  # 1 split: D128's unsplit tile
+                    o, lse = splitkv.decode(q, kk, vv, sl, block_table=bt, num_splits=ns, backend='cutlass',
+                                            return_lse=True)
+                    torch.cuda.synchronize()
+                    assert_close_to_reference(o, lse, q, k, v, sl)  # the contiguous cache holds the same keys
 for pdt in (torch.float32, torch.float16, torch.bfloat16):  # merge_states feeds fp16/bf16 partials
     for odt in (torch.float16, torch.bfloat16):
         for D in C.HEAD_DIMS:

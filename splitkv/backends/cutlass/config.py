@@ -125,20 +125,23 @@ class CombineConfig:
 SMEM_LIMIT = 227 * 1024
 
 
-def tile_for(head_dim: int) -> tuple[int, int]:
+def tile_for(head_dim: int, splitting: bool = True) -> tuple[int, int]:
     """(block_n, num_stages) of the split kernel: the rule lives in splitkv/heuristics.py."""
-    return H.cutlass_tile(head_dim)
+    return H.cutlass_tile(head_dim, splitting)
 
 
-def split_config(dtype: str, head_dim: int, block_m: int, paged: bool, pdl: bool = H.CUTLASS_PDL) -> SplitConfig:
-    block_n, stages = tile_for(head_dim)
+def split_config(dtype: str, head_dim: int, block_m: int, paged: bool, pdl: bool = H.CUTLASS_PDL,
+                 splitting: bool = True) -> SplitConfig:
+    block_n, stages = tile_for(head_dim, splitting)
     return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, pdl)
 
 
 def split_variants() -> list[SplitConfig]:
-    """Every split kernel the backend can launch (block_m comes from the plan's tile)."""
-    return [split_config(dt, d, bm, paged) for dt in DTYPES for d in HEAD_DIMS for bm in BLOCK_MS
-            for paged in (False, True)]
+    """Every split kernel the backend can launch (block_m comes from the plan's tile; the tile
+    rule may differ for plans that split and plans that do not)."""
+    every = (split_config(dt, d, bm, paged, splitting=sp) for dt in DTYPES for d in HEAD_DIMS for bm in BLOCK_MS
+             for paged in (False, True) for sp in (True, False))
+    return list({c.name: c for c in every}.values())
 
 
 def combine_variants() -> list[CombineConfig]:

@@ -1,6 +1,6 @@
 """Launch glue of the CuTe DSL backend: compile (cached), check what the kernels assume, pack the
 arguments, launch. No decisions: tiles come from plan.tile (block_m) and config.tile_for (block_n,
-stages), split tables from the plan.
+stages; by whether the plan splits), split tables from the plan.
 
 Three levels, as everywhere in splitkv: compile_split / compile_combine (cached compile) ->
 split_ / combine_ (out-parameter ops) -> run / combine (the backend contract).
@@ -59,8 +59,8 @@ def _arch(index: int) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _split_launcher(dtype: str, head_dim: int, block_m: int, paged: bool, arch: str) -> Packer:
-    return compile_split(split_config(dtype, head_dim, block_m, paged), arch)
+def _split_launcher(dtype: str, head_dim: int, block_m: int, paged: bool, splitting: bool, arch: str) -> Packer:
+    return compile_split(split_config(dtype, head_dim, block_m, paged, splitting=splitting), arch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,7 +132,7 @@ def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_pa
         raise ValueError("lse/lse_part: backend 'cutlass' needs unit stride on the token (last) dim")
     arch = _arch(_device_index(q))
     if cfg is None:
-        launch = _split_launcher(_DTYPE_NAMES[q.dtype], D, plan.tile.block_m, paged, arch)
+        launch = _split_launcher(_DTYPE_NAMES[q.dtype], D, plan.tile.block_m, paged, plan.max_splits > 1, arch)
     elif (cfg.block_m, cfg.head_dim, cfg.paged, cfg.dtype) != (plan.tile.block_m, D, paged, _DTYPE_NAMES[q.dtype]):
         raise ValueError(f"cfg: {cfg} does not match the plan / inputs")
     else:
