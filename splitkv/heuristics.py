@@ -194,14 +194,16 @@ def cutlass_tile(head_dim: int, splitting: bool = True) -> tuple[int, int]:
     needs block_n >= 64 (16 keys per warp for the 4 key-split warps), so 64 KB stages, 2 of them.
 
     Unsplit plans at D = 128 (one CTA streams a whole sequence; B >= 16 grids of 256-512 CTAs):
-    block_n 128, 3 stages (192 KB, one CTA per SM, 128 KB in flight), Triton's unsplit tile. H200
-    before this rule (bench, graph): cutlass n64 was 0.5-1.4% behind Triton's n128 there (B=64
-    GQA 32K 1912 vs 1886 us, B=16 MHA 32K 1919 vs 1900). Prediction: n128 closes that gap.
+    block_n 128, 2 stages (128 KB, one CTA per SM). H200 sweep (2026-11-29, graph replay, bf16,
+    benchmarks/gpu_cutlass.py --phases sweep, results/2026-11-29-h200-s3/gpu_cutlass_sweep.json):
+    B=16 MHA 32K n64 s3 1937 us, n128 s3 1916, n128 s2 1907; B=64 GQA 32/8 32K 1914 / 1904 / 1890
+    (Triton's n128 tile: 1901 / 1887 in the bench). Split plans keep n64 s3: B=1 GQA 32K 38.2 us
+    vs 41.6 (n128 s3) and 42.3 (n128 s2).
     """
     if head_dim == 64:
         return 128, 3
     if head_dim == 128:
-        return (64, 3) if splitting else (128, 3)
+        return (64, 3) if splitting else (128, 2)
     return 64, 2
 
 
