@@ -213,9 +213,10 @@ def cutlass_tile(head_dim: int, splitting: bool = True) -> tuple[int, int]:
 # cutlass kernel merges the splits itself and launches with PDL: B=1 GQA 32/8 4K 10.1 us vs Triton
 # 11.4, B=1 MHA 4K 21.7 vs 25.7, B=4 GQA 4K 22.3 vs 26.1, paged16 B=1 GQA 4K 10.4 vs 13.5, B=1 GQA
 # 128K 128.0 vs 129.8, B=4 GQA 32K 123.9 vs 128.2; B=1 GQA 32K is a toss-up (42.2 vs 40.4 in the bench
-# run, 38.0 / 38.4 vs 39.3 / 39.9 in two A/B runs). Unsplit plans (one CTA per sequence, where Triton
-# uses its block_n 128 tile): Triton is 0.5-1.4% faster (B=64 GQA 32K 1886 vs 1912 us, B=16 MHA 32K
-# 1900 vs 1919), so the rule below keeps Triton there.
+# run, 38.0 / 38.4 vs 39.3 / 39.9 in two A/B runs). Unsplit plans (one CTA per sequence): Triton is
+# still 0.3-1.0% faster after cutlass took block_n 128 x 2 stages there (cutlass_tile; results/
+# 2026-11-29-h200-s3/bench_unsplit.md: B=64 GQA 32K 1881.5 vs 1887.2 us, B=16 MHA 32K 1888.6 vs
+# 1907.9), so the rule below keeps Triton there.
 # The demo's 1/32 greedy-token match with auto -> cutlass (2026-11-29, session 2) is a bf16 near-tie,
 # not an attention error (benchmarks/hf_backend_check.py, results/2026-11-29-h200-s3/): on that
 # model's own inputs, every layer and step, cutlass (fused, unfused, 1 split, dense) and Triton have

@@ -39,8 +39,11 @@ Measured alternatives (H200, bf16 D 128, CUDA-graph replay, 2026-11-29; benchmar
     unsplit B=64 / B=16 shapes: within 1% (B=64 GQA 32K 1904 vs 1920);
   * the split kernel alone costs 7.3 us at B=1 GQA 4K (floor 3.6 us at 4.6 TB/s): the rest of the
     gap to the floor is in this kernel's ramp (Q + three scalars + first K/V tiles in series);
-  * vs Triton on the same run: faster on split plans (B=1 GQA 4K 10.1 vs 11.4), 0.5-1.4% slower on
-    unsplit plans, where Triton streams block_n 128 tiles (cutlass keeps n64: not yet swept).
+  * tiles (--phases sweep, results/2026-11-29-h200-s3/gpu_cutlass_sweep.json): split plans n64 s3
+    (B=1 GQA 32K 38.2 us vs n128 s3 41.6, n128 s2 42.3); unsplit plans n128 s2 (B=16 MHA 32K 1907
+    vs n64 s3 1937, n128 s3 1916; B=64 GQA 32K 1890 / 1914 / 1904): heuristics.cutlass_tile;
+  * vs Triton on the same run: faster on split plans (B=1 GQA 4K 10.1 vs 11.4), 0.3-1.0% slower on
+    unsplit plans even with the n128 tile (B=16 MHA 32K 1907.9 vs 1888.6).
 `python benchmarks/gpu_cutlass.py --phases sweep` times (block_n, stages) alternatives.
 """
 
