@@ -26,6 +26,22 @@ import torch
 # planner within 0.8% of the best forced count on 6 shapes.
 BLOCKS_PER_SM = 2
 
+# The CuTe DSL kernel wants one wave of single blocks instead: its split CTAs keep two 32 KB K/V
+# stages in flight each, enough to cover HBM latency alone, and fewer splits mean fewer partials
+# for the fused merge and a shorter tail. H200 num_splits sweep (cutlass, graph replay, bf16 D 128,
+# 2026-11-29, results/2026-11-29-h200-s3/sweep_*.json): the best count was the one that gives
+# ~128 CTAs on every shape swept — B=1 GQA 32/8 128K 16 splits 122.3 us vs the 2-per-SM plan's 33:
+# 125.9; B=1 MHA 32K 4 vs 8: 121.3 vs 126.1; B=1 GQA 32K 16 vs 32: 36.3 vs 38.3; B=4 GQA 32K 4 vs 8:
+# 121.7 vs 124.1; B=4 GQA 128K 464.2 vs 474.1; B=1 MHA 128K 466.8 vs 475.7; B=1 MHA 4K 21.0 vs 21.8;
+# B=4 GQA 4K 21.5 vs 22.2; B=1 GQA 4K: 16 either way (MIN_CHUNK_KEYS). Plans are sized for the
+# backend that will run them (plan.build_plan's `target`).
+CUTLASS_BLOCKS_PER_SM = 1
+
+
+def blocks_per_sm(target: str) -> int:
+    """Resident split blocks per SM the planner aims for, for the backend a plan is made for."""
+    return CUTLASS_BLOCKS_PER_SM if target == "cutlass" else BLOCKS_PER_SM
+
 # A split must stream at least this many keys. Each split pays a fixed cost: the Q tile load,
 # the pipeline fill and a partial write + combine read of rows*D*4 bytes. At 256 keys a split
 # reads 64 KB of K+V per KV head (D=64, bf16) against <= 16 KB of partials: overhead stays small.
@@ -112,14 +128,14 @@ def _blocks(tiles: list[int], chunk_tiles: int, per_split: int) -> int:
 
 
 def choose_chunk_len(seqlens: list[int], *, num_kv_heads: int, m_tiles: int, block_n: int,
-                     num_sms: int) -> int:
+                     num_sms: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
     """Keys per split (a multiple of block_n) for the whole batch; >= max(seqlens) means no split.
 
     * No split when batch x KV heads x query tiles already fills the GPU (>= num_sms blocks):
       splitting then only adds partial traffic and a combine launch.
     * No split when the longest request has fewer than 2 x MIN_CHUNK_KEYS keys.
     * Otherwise the smallest chunk (>= MIN_CHUNK_KEYS, <= MAX_SPLITS splits per request) whose
-      total block count stays within BLOCKS_PER_SM waves.
+      total block count stays within blocks_per_sm waves (BLOCKS_PER_SM, or the cutlass target).
     """
     tiles = [cdiv(max(L, 0), block_n) for L in seqlens] or [0]
     longest = max(tiles)
@@ -129,7 +145,7 @@ def choose_chunk_len(seqlens: list[int], *, num_kv_heads: int, m_tiles: int, blo
         return no_split
     lo = max(cdiv(MIN_CHUNK_KEYS, block_n), cdiv(longest, MAX_SPLITS))
     hi = longest
-    target = num_sms * BLOCKS_PER_SM
+    target = num_sms * blocks_per_sm
     while lo < hi:  # smallest chunk whose block count fits the target (count is monotone in chunk)
         mid = (lo + hi) // 2
         if _blocks(tiles, mid, per_split) <= target:

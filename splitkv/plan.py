@@ -25,6 +25,7 @@ import torch
 
 from . import heuristics as H
 from . import workspace as W
+from .backends import plan_target
 
 
 def device_num_sms(device: torch.device) -> int:
@@ -51,6 +52,7 @@ class DecodePlan:
     graph_safe: bool = False
     chunk_len: int | None = None  # the batch-wide chunk of auto plans (None when forced)
     forced: int | None = None
+    target: str = "triton"  # the backend the split count was sized for (heuristics.blocks_per_sm)
     _own_ws: torch.Tensor | None = field(default=None, repr=False)
     # int32 [B * Hkv * m_tiles] arrival counters of the fused combine, zero between launches;
     # allocated in __post_init__ whenever the plan splits
@@ -107,14 +109,16 @@ class DecodePlan:
         mode = "graph-safe" if self.graph_safe else ("forced" if self.forced else "auto")
         return (f"DecodePlan[{mode}] B={self.batch} Hq/Hkv={self.num_q_heads}/{self.num_kv_heads} "
                 f"D={self.head_dim} Sq={self.q_len} tile={self.tile} m_tiles={self.m_tiles} "
-                f"chunk={self.chunk_len} max_splits={self.max_splits} num_splits={splits}")
+                f"chunk={self.chunk_len} max_splits={self.max_splits} num_splits={splits} for={self.target}")
 
 
 def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None = None, batch: int,
                num_q_heads: int, num_kv_heads: int,
                head_dim: int, q_len: int, device, num_splits: int | None = None,
-               max_seqlen: int | None = None, num_sms: int | None = None) -> DecodePlan:
+               max_seqlen: int | None = None, num_sms: int | None = None, target: str = "triton") -> DecodePlan:
+    """target: the backend that will run the plan (backends.plan_target): sets the block target."""
     device = torch.device(device)
+    bps = H.blocks_per_sm(target)
     rows = (num_q_heads // num_kv_heads) * q_len
     tile = H.tile_config(head_dim, rows)
     m_tiles = H.query_tiles(rows, tile.block_m)
@@ -124,13 +128,13 @@ def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None 
         bound = [max_seqlen] * batch
         chunk = (max(H.cdiv(max_seqlen, num_splits), 1) if num_splits else
                  H.choose_chunk_len(bound, num_kv_heads=num_kv_heads, m_tiles=m_tiles,
-                                    block_n=tile.block_n, num_sms=sms))
+                                    block_n=tile.block_n, num_sms=sms, blocks_per_sm=bps))
         max_splits = H.splits_for_lengths([max_seqlen], chunk)[0]
         tile = H.tile_config(head_dim, rows, splitting=max_splits > 1)
         plan = DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
                           max_splits, chunk, torch.ones(batch, dtype=torch.int32, device=device),
                           torch.full((batch,), chunk, dtype=torch.int32, device=device),
-                          graph_safe=True, chunk_len=chunk, forced=num_splits)
+                          graph_safe=True, chunk_len=chunk, forced=num_splits, target=target)
         if cache_seqlens is not None:
             plan.refresh(cache_seqlens)
         if max_splits > 1:
@@ -141,20 +145,23 @@ def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None 
         splits, chunk = [num_splits] * batch, None
     else:
         chunk = H.choose_chunk_len(lengths, num_kv_heads=num_kv_heads, m_tiles=m_tiles,
-                                   block_n=tile.block_n, num_sms=sms)
+                                   block_n=tile.block_n, num_sms=sms, blocks_per_sm=bps)
         splits, chunks = H.splits_for_lengths(lengths, chunk), [chunk] * batch
     tile = H.tile_config(head_dim, rows, splitting=max(splits, default=1) > 1)
     host = torch.tensor(splits + chunks, dtype=torch.int32)
     dev = host.to(device, non_blocking=True) if device.type == "cuda" else host
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
                       max(splits, default=1), max(chunks, default=1), dev[:batch], dev[batch:],
-                      num_splits_host=splits, chunk_len=chunk, forced=num_splits)
+                      num_splits_host=splits, chunk_len=chunk, forced=num_splits, target=target)
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,
          q_len: int = 1, num_splits: int | None = None, max_seqlen: int | None = None,
-         num_sms: int | None = None) -> DecodePlan:
+         num_sms: int | None = None, backend: str = "auto") -> DecodePlan:
     """Plan a decode step once; pass it to every layer's `decode(..., plan=p)`.
+
+    backend: the one the decode calls will use (the split count is sized for it: cutlass wants
+    one block per SM, triton two); 'auto' sizes for what decode's 'auto' runs on this device.
 
     max_seqlen=None: eager plan from the actual lengths (reads cache_seqlens on the host).
     max_seqlen=N: graph-safe plan for lengths <= N (never reads cache_seqlens on the host); the
@@ -172,7 +179,7 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
     p = build_plan(lengths, cache_seqlens=cache_seqlens, batch=cache_seqlens.shape[0], num_q_heads=num_q_heads,
                    num_kv_heads=num_kv_heads, head_dim=head_dim, q_len=q_len,
                    device=cache_seqlens.device, num_splits=num_splits, max_seqlen=max_seqlen,
-                   num_sms=num_sms)
+                   num_sms=num_sms, target=plan_target(backend, cache_seqlens.device))
     maybe_print(p)
     return p
 

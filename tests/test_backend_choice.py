@@ -62,3 +62,39 @@ def test_auto_takes_cutlass_by_default_and_the_rule_switches_it_off(monkeypatch)
     assert _choice(3) == "cutlass"
     monkeypatch.setattr(heuristics, "AUTO_CUTLASS", False)
     assert _choice(3) == "triton"
+
+
+def test_plans_are_sized_for_the_backend_that_runs_them():
+    """heuristics.blocks_per_sm: cutlass plans aim at one split CTA per SM, triton's at two."""
+    sl = torch.tensor([131072], dtype=torch.int32)
+    cut = splitkv.plan(sl, 32, 8, 128, num_sms=132, backend="cutlass")
+    tri = splitkv.plan(sl, 32, 8, 128, num_sms=132, backend="triton")
+    assert (cut.target, cut.max_splits) == ("cutlass", 16)  # 8 heads x 16 = 128 CTAs <= 132
+    assert (tri.target, tri.max_splits) == ("triton", 33)  # 264 = 2 x 132
+    assert "for=cutlass" in cut.describe()
+    g = splitkv.plan(sl, 32, 8, 128, num_sms=132, backend="cutlass", max_seqlen=131072)  # graph-safe
+    assert g.max_splits == 16
+
+
+def test_auto_plans_for_cutlass_where_auto_runs_it(sm90, monkeypatch):
+    cpu = torch.device("cpu")
+    assert backends.plan_target("auto", cpu) == "torch"  # CPU tensors: the torch backend
+    monkeypatch.setattr(backends, "resolve", lambda backend, device: "triton")  # as on a CUDA device
+    assert backends.plan_target("auto", cpu) == "cutlass"
+    assert backends.plan_target("triton", cpu) == "triton"
+    monkeypatch.setenv("SPLITKV_BACKEND", "triton")
+    assert backends.plan_target("auto", cpu) == "triton"
+    monkeypatch.delenv("SPLITKV_BACKEND")
+    monkeypatch.setattr(heuristics, "AUTO_CUTLASS", False)
+    assert backends.plan_target("auto", cpu) == "triton"
+
+
+def test_decode_without_a_plan_sizes_it_for_its_backend(monkeypatch):
+    from splitkv import api
+
+    seen = []
+    real = api.build_plan
+    monkeypatch.setattr(api, "build_plan", lambda *a, **kw: seen.append(kw["target"]) or real(*a, **kw))
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 40], torch.float32)
+    splitkv.decode(q, k, v, sl)
+    assert seen == ["torch"]

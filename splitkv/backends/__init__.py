@@ -56,6 +56,25 @@ def resolve(backend: str, device: torch.device) -> str:
     raise ValueError(f"backend: expected one of 'auto', {tuple(_MODULES)}, got {backend!r}")
 
 
+def _auto_cutlass_here(device) -> bool:
+    """'auto' may run cutlass on this device: the rule is on, no SPLITKV_BACKEND, the CuTe DSL is
+    installed and the GPU is sm90."""
+    from .. import heuristics as H
+
+    if not H.AUTO_CUTLASS or os.environ.get("SPLITKV_BACKEND", "auto") not in ("", "auto"):
+        return False
+    return cutlass_available() and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def plan_target(backend: str, device) -> str:
+    """The backend a plan is sized for (heuristics.blocks_per_sm): an explicit backend as named;
+    'auto' -> cutlass where decode's 'auto' sends split plans to it, else what 'auto' resolves to."""
+    if backend != "auto":
+        return backend
+    name = resolve("auto", device)
+    return "cutlass" if name == "triton" and _auto_cutlass_here(device) else name
+
+
 def refine_auto(backend: str, name: str, plan, q, k_cache, v_cache, out) -> str:
     """'auto' once the plan is known: on sm90 with the CuTe DSL installed, cutlass for the plans
     heuristics.auto_prefers_cutlass gives it (where its layout checks pass), else `name`."""
@@ -63,9 +82,7 @@ def refine_auto(backend: str, name: str, plan, q, k_cache, v_cache, out) -> str:
 
     if name != "triton" or backend != "auto" or not H.auto_prefers_cutlass(plan.max_splits):
         return name  # the usual path: no environment lookup, no device query
-    if os.environ.get("SPLITKV_BACKEND", "auto") not in ("", "auto") or not cutlass_available():
-        return name
-    if torch.cuda.get_device_capability(q.device)[0] != 9:
+    if not _auto_cutlass_here(q.device):
         return name
     from .cutlass import layout_ok
 

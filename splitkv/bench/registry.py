@@ -7,7 +7,7 @@ import torch
 from .external import FlashAttn, FlashInfer, Flex
 from .providers import SDPA, Provider, SplitKV
 
-SPLITKV_BACKENDS = ("triton", "cutlass", "torch")
+SPLITKV_BACKENDS = ("triton", "cutlass", "torch", "auto")  # auto: what decode(backend="auto") runs
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flashinfer", "flash-attn2", "flash-attn3")
 OPT_IN = ("flex",)  # not in the default set: PEERS.md measured it at <= 0.5 TB/s, and it recompiles per shape
 

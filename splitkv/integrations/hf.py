@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..api import decode
+from ..backends import plan_target
 from ..cache import PagedKVCache
 from ..plan import DecodePlan, build_plan
 from ..validate import SUPPORTED_HEAD_DIMS
@@ -78,7 +79,8 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
     if state.plan is None:  # lengths are known on the host: plan without reading seqlens back
         lengths = [cache.seq_len(s, layer) for s in state.seq_ids]
         state.plan = build_plan(lengths, batch=B, num_q_heads=Hq, num_kv_heads=key.shape[1], head_dim=D,
-                                q_len=Sq, device=query.device, num_splits=state.num_splits)
+                                q_len=Sq, device=query.device, num_splits=state.num_splits,
+                                target=plan_target(state.backend, query.device))
     o = decode(query.transpose(1, 2), cache.k_pages(layer), cache.v_pages(layer), seqlens,
                block_table=block_table, softmax_scale=scaling, plan=state.plan, backend=state.backend)
     return o, None
