@@ -56,7 +56,8 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         validate.check_seqlens_host(lengths, prob, block_table, k_cache.shape[0])
         plan = build_plan(lengths, batch=prob.batch, num_q_heads=prob.num_q_heads,
                           num_kv_heads=prob.num_kv_heads, head_dim=prob.head_dim, q_len=prob.q_len,
-                          device=q.device, num_splits=num_splits, target=backends.plan_target(backend, q.device))
+                          device=q.device, num_splits=num_splits, target=backends.plan_target(backend, q.device),
+                          paged=block_table is not None)
         maybe_print(plan)
     else:
         if not isinstance(plan, DecodePlan):

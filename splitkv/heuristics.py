@@ -33,14 +33,18 @@ BLOCKS_PER_SM = 2
 # ~128 CTAs on every shape swept — B=1 GQA 32/8 128K 16 splits 122.3 us vs the 2-per-SM plan's 33:
 # 125.9; B=1 MHA 32K 4 vs 8: 121.3 vs 126.1; B=1 GQA 32K 16 vs 32: 36.3 vs 38.3; B=4 GQA 32K 4 vs 8:
 # 121.7 vs 124.1; B=4 GQA 128K 464.2 vs 474.1; B=1 MHA 128K 466.8 vs 475.7; B=1 MHA 4K 21.0 vs 21.8;
-# B=4 GQA 4K 21.5 vs 22.2; B=1 GQA 4K: 16 either way (MIN_CHUNK_KEYS). Plans are sized for the
-# backend that will run them (plan.build_plan's `target`).
+# B=4 GQA 4K 21.5 vs 22.2; B=1 GQA 4K: 16 either way (MIN_CHUNK_KEYS). Bench with this rule
+# (bench_planner.md, same run as Triton's 2-per-SM plans): B=1 GQA 128K 123.0 vs Triton 127.8 us
+# (4.36 TB/s), B=1 MHA 32K 122.4 vs 127.1, B=1 GQA 32K 36.2 vs 39.9. Paged caches keep two per SM:
+# their row gather has one more dependent load to hide, and one per SM lost there (page 16, B=1
+# GQA 128K 137.7 us vs 130.7 with 33 splits; B=4 GQA 32K 137.1 vs 129.8). Plans are sized for the
+# backend and cache layout that will run them (plan.build_plan's `target`, `paged`).
 CUTLASS_BLOCKS_PER_SM = 1
 
 
-def blocks_per_sm(target: str) -> int:
+def blocks_per_sm(target: str, paged: bool = False) -> int:
     """Resident split blocks per SM the planner aims for, for the backend a plan is made for."""
-    return CUTLASS_BLOCKS_PER_SM if target == "cutlass" else BLOCKS_PER_SM
+    return CUTLASS_BLOCKS_PER_SM if target == "cutlass" and not paged else BLOCKS_PER_SM
 
 # A split must stream at least this many keys. Each split pays a fixed cost: the Q tile load,
 # the pipeline fill and a partial write + combine read of rows*D*4 bytes. At 256 keys a split
@@ -200,7 +204,7 @@ CUTLASS_PDL = True
 CUTLASS_FUSED_COMBINE_MAX_SPLITS = MAX_SPLITS
 
 
-def cutlass_tile(head_dim: int, splitting: bool = True) -> tuple[int, int]:
+def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
 
     Split plans: every stage holds K and V tiles of block_n x D (2 B each); the rule keeps a stage
@@ -214,12 +218,13 @@ def cutlass_tile(head_dim: int, splitting: bool = True) -> tuple[int, int]:
     benchmarks/gpu_cutlass.py --phases sweep, results/2026-11-29-h200-s3/gpu_cutlass_sweep.json):
     B=16 MHA 32K n64 s3 1937 us, n128 s3 1916, n128 s2 1907; B=64 GQA 32/8 32K 1914 / 1904 / 1890
     (Triton's n128 tile: 1901 / 1887 in the bench). Split plans keep n64 s3: B=1 GQA 32K 38.2 us
-    vs 41.6 (n128 s3) and 42.3 (n128 s2).
+    vs 41.6 (n128 s3) and 42.3 (n128 s2). Paged unsplit plans keep n64 s3: with n128 s2, page 16,
+    B=16 MHA 32K took 1992 us vs Triton's 1886 in the same run (n64 s3: 1926 vs 1918 earlier).
     """
     if head_dim == 64:
         return 128, 3
     if head_dim == 128:
-        return (64, 3) if splitting else (128, 2)
+        return (64, 3) if splitting or paged else (128, 2)
     return 64, 2
 
 

@@ -52,7 +52,7 @@ def decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor
         plan = build_plan(None, cache_seqlens=cache_seqlens, batch=B, num_q_heads=Hq,
                           num_kv_heads=k_cache.shape[2], head_dim=D, q_len=Sq, device=q.device,
                           num_splits=num_splits, max_seqlen=_capacity(k_cache, block_table),
-                          target=backends.plan_target(backend, q.device))
+                          target=backends.plan_target(backend, q.device), paged=block_table is not None)
     return decode_eager(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
                         softmax_scale=softmax_scale, num_splits=num_splits, return_lse=True, plan=plan,
                         backend=backend)

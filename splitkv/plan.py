@@ -53,6 +53,7 @@ class DecodePlan:
     chunk_len: int | None = None  # the batch-wide chunk of auto plans (None when forced)
     forced: int | None = None
     target: str = "triton"  # the backend the split count was sized for (heuristics.blocks_per_sm)
+    paged: bool = False  # ... and the cache layout
     _own_ws: torch.Tensor | None = field(default=None, repr=False)
     # int32 [B * Hkv * m_tiles] arrival counters of the fused combine, zero between launches;
     # allocated in __post_init__ whenever the plan splits
@@ -109,16 +110,18 @@ class DecodePlan:
         mode = "graph-safe" if self.graph_safe else ("forced" if self.forced else "auto")
         return (f"DecodePlan[{mode}] B={self.batch} Hq/Hkv={self.num_q_heads}/{self.num_kv_heads} "
                 f"D={self.head_dim} Sq={self.q_len} tile={self.tile} m_tiles={self.m_tiles} "
-                f"chunk={self.chunk_len} max_splits={self.max_splits} num_splits={splits} for={self.target}")
+                f"chunk={self.chunk_len} max_splits={self.max_splits} num_splits={splits} for={self.target}{'/paged' if self.paged else ''}")
 
 
 def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None = None, batch: int,
                num_q_heads: int, num_kv_heads: int,
                head_dim: int, q_len: int, device, num_splits: int | None = None,
-               max_seqlen: int | None = None, num_sms: int | None = None, target: str = "triton") -> DecodePlan:
-    """target: the backend that will run the plan (backends.plan_target): sets the block target."""
+               max_seqlen: int | None = None, num_sms: int | None = None, target: str = "triton",
+               paged: bool = False) -> DecodePlan:
+    """target / paged: the backend (backends.plan_target) and cache layout that will run the plan:
+    they set the planner's block target (heuristics.blocks_per_sm)."""
     device = torch.device(device)
-    bps = H.blocks_per_sm(target)
+    bps = H.blocks_per_sm(target, paged)
     rows = (num_q_heads // num_kv_heads) * q_len
     tile = H.tile_config(head_dim, rows)
     m_tiles = H.query_tiles(rows, tile.block_m)
@@ -134,7 +137,7 @@ def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None 
         plan = DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
                           max_splits, chunk, torch.ones(batch, dtype=torch.int32, device=device),
                           torch.full((batch,), chunk, dtype=torch.int32, device=device),
-                          graph_safe=True, chunk_len=chunk, forced=num_splits, target=target)
+                          graph_safe=True, chunk_len=chunk, forced=num_splits, target=target, paged=paged)
         if cache_seqlens is not None:
             plan.refresh(cache_seqlens)
         if max_splits > 1:
@@ -152,16 +155,17 @@ def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None 
     dev = host.to(device, non_blocking=True) if device.type == "cuda" else host
     return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
                       max(splits, default=1), max(chunks, default=1), dev[:batch], dev[batch:],
-                      num_splits_host=splits, chunk_len=chunk, forced=num_splits, target=target)
+                      num_splits_host=splits, chunk_len=chunk, forced=num_splits, target=target, paged=paged)
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,
          q_len: int = 1, num_splits: int | None = None, max_seqlen: int | None = None,
-         num_sms: int | None = None, backend: str = "auto") -> DecodePlan:
+         num_sms: int | None = None, backend: str = "auto", paged: bool = False) -> DecodePlan:
     """Plan a decode step once; pass it to every layer's `decode(..., plan=p)`.
 
-    backend: the one the decode calls will use (the split count is sized for it: cutlass wants
-    one block per SM, triton two); 'auto' sizes for what decode's 'auto' runs on this device.
+    backend, paged: the backend the decode calls will use ('auto': what decode's 'auto' runs on
+    this device) and whether they pass a block_table: the split count is sized for them (cutlass
+    on a contiguous cache wants one block per SM, everything else two).
 
     max_seqlen=None: eager plan from the actual lengths (reads cache_seqlens on the host).
     max_seqlen=N: graph-safe plan for lengths <= N (never reads cache_seqlens on the host); the
@@ -179,7 +183,7 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
     p = build_plan(lengths, cache_seqlens=cache_seqlens, batch=cache_seqlens.shape[0], num_q_heads=num_q_heads,
                    num_kv_heads=num_kv_heads, head_dim=head_dim, q_len=q_len,
                    device=cache_seqlens.device, num_splits=num_splits, max_seqlen=max_seqlen,
-                   num_sms=num_sms, target=plan_target(backend, cache_seqlens.device))
+                   num_sms=num_sms, target=plan_target(backend, cache_seqlens.device), paged=paged)
     maybe_print(p)
     return p
 

@@ -3,7 +3,7 @@ stubbed, so the rule itself is what is tested; the kernels run in the GPU tests)
 
 import pytest
 import torch
-from helpers import make_inputs
+from helpers import make_inputs, to_paged
 
 import splitkv
 from splitkv import backends, heuristics
@@ -74,6 +74,8 @@ def test_plans_are_sized_for_the_backend_that_runs_them():
     assert "for=cutlass" in cut.describe()
     g = splitkv.plan(sl, 32, 8, 128, num_sms=132, backend="cutlass", max_seqlen=131072)  # graph-safe
     assert g.max_splits == 16
+    paged = splitkv.plan(sl, 32, 8, 128, num_sms=132, backend="cutlass", paged=True)
+    assert (paged.max_splits, paged.paged) == (33, True) and "for=cutlass/paged" in paged.describe()
 
 
 def test_auto_plans_for_cutlass_where_auto_runs_it(sm90, monkeypatch):
@@ -94,7 +96,10 @@ def test_decode_without_a_plan_sizes_it_for_its_backend(monkeypatch):
 
     seen = []
     real = api.build_plan
-    monkeypatch.setattr(api, "build_plan", lambda *a, **kw: seen.append(kw["target"]) or real(*a, **kw))
+    monkeypatch.setattr(api, "build_plan", lambda *a, **kw: seen.append((kw["target"], kw["paged"])) or real(*a, **kw))
     q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 40], torch.float32)
     splitkv.decode(q, k, v, sl)
-    assert seen == ["torch"]
+    assert seen == [("torch", False)]
+    k, v, bt = to_paged(k, v, [900, 40], 16)
+    splitkv.decode(q, k, v, sl, block_table=bt, backend="torch")
+    assert seen[-1] == ("torch", True)

@@ -29,8 +29,9 @@ needs_dsl = pytest.mark.skipif(not backend.available(), reason="nvidia-cutlass-d
 # ---------------------------------------------------------------------------- pure Python (always)
 def test_variant_lists_cover_every_launchable_config():
     split = config.split_variants()
-    # dtype x D x block_m x paged, plus D128's unsplit tile (heuristics.cutlass_tile)
-    assert len(split) == 2 * 3 * 3 * 2 + 2 * 3 * 2 and len({c.name for c in split}) == len(split)
+    # dtype x D x block_m x paged, plus D128's unsplit contiguous tile (heuristics.cutlass_tile)
+    assert len(split) == 2 * 3 * 3 * 2 + 2 * 3 and len({c.name for c in split}) == len(split)
+    assert not any(c.paged and c.block_n == 128 and c.head_dim == 128 for c in split)
     assert {(c.block_n, c.num_stages) for c in split if c.head_dim == 128} == {(64, 3), (128, 2)}
     assert {c.block_m for c in split} == set(config.BLOCK_MS)  # every planner query tile
     assert len(config.combine_variants()) == 3 * 2 * 3
@@ -49,7 +50,8 @@ def test_two_blocks_per_sm_at_d128_and_below_when_splitting():
             for bm in config.BLOCK_MS:
                 c = config.split_config(dt, d, bm, False)
                 assert 2 * (c.smem_bytes + 1024) <= 228 * 1024, c
-    assert config.split_config("bfloat16", 128, 16, True, splitting=False).block_n == 128
+    assert config.split_config("bfloat16", 128, 16, False, splitting=False).block_n == 128
+    assert config.split_config("bfloat16", 128, 16, True, splitting=False).block_n == 64  # paged
 
 
 @pytest.mark.parametrize("bad", [dict(dtype="float32"), dict(head_dim=96), dict(block_m=8),
@@ -282,7 +284,7 @@ for dt in (torch.float16, torch.bfloat16):
                 lens = [70, 3, 0]
                 q, k, v, sl = make_inputs(3, Sq, 2 * G, 2, D, lens, dt, 'cuda', seed=D + G)
                 kk, vv, bt = (k, v, None) if page is None else to_paged(k, v, lens, page)
-                for ns in ((3, 1) if D == 128 else (3,)):  # 1 split: D128's unsplit tile
+                for ns in ((3, 1) if D == 128 and page is None else (3,)):  # 1 split: D128's unsplit tile
                     o, lse = splitkv.decode(q, kk, vv, sl, block_table=bt, num_splits=ns, backend='cutlass',
                                             return_lse=True)
                     torch.cuda.synchronize()

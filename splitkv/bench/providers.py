@@ -63,7 +63,8 @@ class _SplitKVSession(Session):
         s, ts = case.shape, case.base
         bound = s.max_seqlen if graph else None
         self.plan = make_plan(ts.cache_seqlens, s.num_q_heads, s.num_kv_heads, s.head_dim, q_len=s.q_len,
-                              num_splits=num_splits, max_seqlen=bound, backend=backend)
+                              num_splits=num_splits, max_seqlen=bound, backend=backend,
+                              paged=s.page_size is not None)
         self.backend, self.causal = backend, s.causal
         self.plan_text = self.plan.describe()
         self.note = "graph-safe plan" if graph else "plan made once, reused"

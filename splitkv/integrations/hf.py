@@ -80,7 +80,7 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
         lengths = [cache.seq_len(s, layer) for s in state.seq_ids]
         state.plan = build_plan(lengths, batch=B, num_q_heads=Hq, num_kv_heads=key.shape[1], head_dim=D,
                                 q_len=Sq, device=query.device, num_splits=state.num_splits,
-                                target=plan_target(state.backend, query.device))
+                                target=plan_target(state.backend, query.device), paged=True)
     o = decode(query.transpose(1, 2), cache.k_pages(layer), cache.v_pages(layer), seqlens,
                block_table=block_table, softmax_scale=scaling, plan=state.plan, backend=state.backend)
     return o, None

@@ -125,14 +125,14 @@ class CombineConfig:
 SMEM_LIMIT = 227 * 1024
 
 
-def tile_for(head_dim: int, splitting: bool = True) -> tuple[int, int]:
+def tile_for(head_dim: int, splitting: bool = True, paged: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the split kernel: the rule lives in splitkv/heuristics.py."""
-    return H.cutlass_tile(head_dim, splitting)
+    return H.cutlass_tile(head_dim, splitting, paged)
 
 
 def split_config(dtype: str, head_dim: int, block_m: int, paged: bool, pdl: bool = H.CUTLASS_PDL,
                  splitting: bool = True) -> SplitConfig:
-    block_n, stages = tile_for(head_dim, splitting)
+    block_n, stages = tile_for(head_dim, splitting, paged)
     return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, pdl)
 
 
