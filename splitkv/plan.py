@@ -110,7 +110,8 @@ class DecodePlan:
         mode = "graph-safe" if self.graph_safe else ("forced" if self.forced else "auto")
         return (f"DecodePlan[{mode}] B={self.batch} Hq/Hkv={self.num_q_heads}/{self.num_kv_heads} "
                 f"D={self.head_dim} Sq={self.q_len} tile={self.tile} m_tiles={self.m_tiles} "
-                f"chunk={self.chunk_len} max_splits={self.max_splits} num_splits={splits} for={self.target}{'/paged' if self.paged else ''}")
+                f"chunk={self.chunk_len} max_splits={self.max_splits} num_splits={splits} "
+                f"for={self.target}{'/paged' if self.paged else ''}")
 
 
 def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None = None, batch: int,
