@@ -60,7 +60,7 @@ def run(console, device) -> bool:
     ours, theirs = ours[0, prompt:], ref.sequences[0, prompt:]
     same = int((ours == theirs).sum())
     lens = torch.tensor([prompt + new - 1], dtype=torch.int32, device=device)
-    p = splitkv.plan(lens, hq, hkv, D)
+    p = splitkv.plan(lens, hq, hkv, D, paged=True)  # as the HF decode plans it (auto, paged cache)
     console.print(f"\n[bold]Random-weight Llama[/] ({layers} layers, hidden {hidden}, Hq {hq} / Hkv {hkv}, D {D}, "
                   f"{str(dtype).replace('torch.', '')}) on a {prompt}-token prompt, {new} greedy tokens, "
                   "every decode step through PagedKVCache + splitkv:")
