@@ -101,7 +101,6 @@ def part1(model, ids, a, variants):
 
 def part2(model, ids, a):
     P = ids.shape[1]
-    ref_ids, ref_logits = None, None
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new, do_sample=False,
                          eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     ref_ids, ref_logits = out.sequences[0, P:], torch.stack(out.logits, 1)[0].float()

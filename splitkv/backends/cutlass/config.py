@@ -23,6 +23,11 @@ MMA_K = 16
 ELEMS_PER_COPY = 8  # 16-byte cp.async / vector loads of fp16/bf16
 
 
+def _one_of(name: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class SplitConfig:
     """One compiled split kernel.
@@ -43,12 +48,9 @@ class SplitConfig:
     pdl: bool = H.CUTLASS_PDL  # programmatic dependent launch (see heuristics.CUTLASS_PDL)
 
     def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
-        if self.head_dim not in HEAD_DIMS:
-            raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {self.head_dim}")
-        if self.block_m not in BLOCK_MS:
-            raise ValueError(f"block_m: expected one of {BLOCK_MS}, got {self.block_m}")
+        _one_of("dtype", self.dtype, DTYPES)
+        _one_of("head_dim", self.head_dim, HEAD_DIMS)
+        _one_of("block_m", self.block_m, BLOCK_MS)
         if self.keys_per_warp % MMA_K or self.block_n % 16:
             raise ValueError(f"block_n: {self.block_n} keys split over {self.warps_n} warps must give "
                              f"a multiple of {MMA_K} keys per warp")
@@ -105,12 +107,9 @@ class CombineConfig:
     pdl: bool = H.CUTLASS_PDL
 
     def __post_init__(self):
-        if self.part_dtype not in PART_DTYPES:
-            raise ValueError(f"part_dtype: expected one of {PART_DTYPES}, got {self.part_dtype!r}")
-        if self.out_dtype not in DTYPES:
-            raise ValueError(f"out_dtype: expected one of {DTYPES}, got {self.out_dtype!r}")
-        if self.head_dim not in HEAD_DIMS:
-            raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {self.head_dim}")
+        _one_of("part_dtype", self.part_dtype, PART_DTYPES)
+        _one_of("out_dtype", self.out_dtype, DTYPES)
+        _one_of("head_dim", self.head_dim, HEAD_DIMS)
 
     @property
     def elems_per_lane(self) -> int:
