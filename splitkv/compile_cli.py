@@ -4,6 +4,12 @@ the generated PTX). CI runs it so that a DSL upgrade or a kernel edit that break
 caught on a CPU machine. Exit status 1 when any variant fails to compile (or, with
 --fail-on-spill, spills).
 
+Filters restrict the build to what a model uses (default: every variant): --head-dims, --dtypes,
+--layouts, and the query tile, which the planner derives from Hq/Hkv x Sq (--heads 32/8 or
+--group-sizes 4, with --q-lens). --warmup instead runs splitkv.warmup on this machine's GPU for
+those shapes (the real first-call compiles, which also fill the kernel disk caches) and prints the
+time per combination.
+
 Do not set CUTE_DSL_ARCH on a machine without a GPU: the DSL would try to start the driver.
 """
 
@@ -80,12 +86,35 @@ def _compile_one(kind: str, fields: tuple, arch: str, dump_root: str) -> dict:
     return row
 
 
-def variants(only: str | None = None) -> list[tuple[str, tuple]]:
+def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_sizes=None, q_lens=None,
+             layouts=None) -> list[tuple[str, tuple]]:
+    """(kind, config fields) of the CuTe DSL variants to compile; each filter None = no restriction.
+
+    head_dims: ints; dtypes: names ("bfloat16", "float16"); layouts: "dense" / "paged" (split
+    kernels). group_sizes (Hq / Hkv) and q_lens select split kernels by the query tile the planner
+    gives them (heuristics.tile_config: block_m from group size x Sq); give group_sizes to use
+    q_lens (q_lens default (1,)). Combine kernels are kept for the head dims and output dtypes
+    asked, with float32 partials (decode's) and partials in those dtypes (merge_states').
+    """
     from dataclasses import astuple
 
-    from splitkv.backends.cutlass.config import combine_variants, split_variants
+    from splitkv import heuristics as H
+    from splitkv.backends.cutlass.config import HEAD_DIMS, combine_variants, split_variants
 
-    out = [("split", astuple(c)) for c in split_variants()] + [("combine", astuple(c)) for c in combine_variants()]
+    if q_lens is not None and group_sizes is None:
+        raise ValueError("q_lens: the query tile depends on group size x Sq; give group_sizes (or --heads) too")
+    tiles = None
+    if group_sizes is not None:
+        tiles = {(d, H.tile_config(d, g * s).block_m) for d in HEAD_DIMS for g in group_sizes
+                 for s in (q_lens or (1,))}
+    splits = [c for c in split_variants()
+              if (head_dims is None or c.head_dim in head_dims) and (dtypes is None or c.dtype in dtypes)
+              and (layouts is None or ("paged" if c.paged else "dense") in layouts)
+              and (tiles is None or (c.head_dim, c.block_m) in tiles)]
+    combines = [c for c in combine_variants()
+                if (head_dims is None or c.head_dim in head_dims)
+                and (dtypes is None or (c.out_dtype in dtypes and c.part_dtype in ("float32", *dtypes)))]
+    out = [("split", astuple(c)) for c in splits] + [("combine", astuple(c)) for c in combines]
     if only:
         rx = re.compile(only)
         out = [(k, f) for k, f in out if rx.search(_name(k, f))]
@@ -120,27 +149,119 @@ def _print_table(rows: list[dict], arch: str) -> None:
     Console(width=160).print(t)
 
 
+def _list(kind, allowed=None):
+    """argparse type: comma-separated values of `kind`, each in `allowed` when given."""
+    def parse(text: str):
+        try:
+            vals = tuple(kind(v.strip()) for v in text.split(",") if v.strip())
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from e
+        bad = [v for v in vals if allowed is not None and v not in allowed]
+        if bad or not vals:
+            raise argparse.ArgumentTypeError(f"{bad[0] if bad else text!r} not in {allowed}")
+        return vals
+    return parse
+
+
+def _heads(text: str) -> tuple[tuple[int, int], ...]:
+    """argparse type: '32/8,64/8' -> ((32, 8), (64, 8))."""
+    out = []
+    for item in text.split(","):
+        try:
+            hq, hkv = (int(x) for x in item.split("/"))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected Hq/Hkv pairs like 32/8,64/8, got {item!r}") from e
+        if hq < 1 or hkv < 1 or hq % hkv:
+            raise argparse.ArgumentTypeError(f"{item!r}: Hq must be a positive multiple of Hkv")
+        out.append((hq, hkv))
+    return tuple(out)
+
+
+def _run_warmup(args) -> int:
+    import torch
+
+    from splitkv.warmup import describe, warmup
+
+    kw = {}
+    if args.head_dims:
+        kw["head_dims"] = args.head_dims
+    if args.dtypes:
+        kw["dtypes"] = args.dtypes
+    if args.heads:
+        kw["num_q_heads"] = tuple(h for h, _ in args.heads)
+        kw["num_kv_heads"] = tuple(h for _, h in args.heads)
+    if args.q_lens:
+        kw["q_lens"] = args.q_lens
+    if args.layouts:
+        kw["paged"] = tuple(lay == "paged" for lay in args.layouts)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no CUDA device: warming the torch backend on the CPU (nothing to compile)", file=sys.stderr)
+    try:
+        res = warmup(**kw, page_size=args.page_size, backends=args.backend or ("auto",), device=args.device,
+                     verbose=args.verbose)
+    except ValueError as e:
+        print(f"warmup: {e}", file=sys.stderr)
+        return 2
+    if not args.verbose:  # verbose: the progress display printed them already
+        for row in res["combinations"]:
+            print(f"{describe(row):64s} {row['seconds']:8.2f} s")
+    print(f"{len(res['combinations'])} combination(s) warmed on {res['device']} in {res['total_s']:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from splitkv.backends.cutlass.config import DTYPES, HEAD_DIMS
+
     ap = argparse.ArgumentParser(prog="python -m splitkv compile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", default="cutlass", help="only 'cutlass' compiles ahead of time")
+    ap.add_argument("--backend", default=None, type=_list(str, ("auto", "torch", "triton", "cutlass")),
+                    help="compile: only 'cutlass' (the default) compiles ahead of time; "
+                         "--warmup: backends to warm, comma-separated (default auto)")
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--only", default=None, help="regex on variant names (e.g. 'd128.*m16')")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--dump-dir", default=None, help="keep the PTX here (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON to this path")
     ap.add_argument("--fail-on-spill", action="store_true")
+    flt = ap.add_argument_group("filters (default: every variant; with --warmup: splitkv.warmup's defaults)")
+    flt.add_argument("--head-dims", type=_list(int, HEAD_DIMS), help="e.g. 128,256")
+    flt.add_argument("--dtypes", type=_list(str, DTYPES), help="e.g. bfloat16")
+    flt.add_argument("--heads", type=_heads, help="Hq/Hkv pairs of the model, e.g. 32/8,64/8")
+    flt.add_argument("--group-sizes", type=_list(int), help="Hq/Hkv, e.g. 4,8 (instead of --heads; compile only)")
+    flt.add_argument("--q-lens", type=_list(int, tuple(range(1, 17))),
+                   help="query tokens per decode (Sq; > 1 for speculative verify), e.g. 1,4 (default 1)")
+    flt.add_argument("--layouts", type=_list(str, ("dense", "paged")), help="KV cache layouts: dense,paged")
+    w = ap.add_argument_group("warm-up on a GPU")
+    w.add_argument("--warmup", action="store_true",
+                   help="run splitkv.warmup (real first calls on this machine's GPU) instead of compiling")
+    w.add_argument("--device", default="cuda")
+    w.add_argument("--page-size", type=int, default=16, help="page size of the paged layout")
+    w.add_argument("-v", "--verbose", action="store_true", help="progress display")
     args = ap.parse_args(argv)
-    if args.backend != "cutlass":
-        print(f"backend {args.backend!r}: nothing to compile ahead of time (only 'cutlass')", file=sys.stderr)
+    if args.warmup:
+        if args.group_sizes:
+            ap.error("--warmup needs --heads Hq/Hkv (the kernels specialise on both), not --group-sizes")
+        return _run_warmup(args)
+    backend = args.backend or ("cutlass",)
+    if backend != ("cutlass",):
+        print(f"backend {','.join(backend)!r}: nothing to compile ahead of time (only 'cutlass'; "
+              "--warmup warms the others on a GPU)", file=sys.stderr)
         return 2
+    group_sizes = args.group_sizes or (tuple(hq // hkv for hq, hkv in args.heads) if args.heads else None)
+    if args.q_lens and group_sizes is None:
+        ap.error("--q-lens needs --heads or --group-sizes (the query tile is Hq/Hkv x Sq rows)")
     from splitkv.backends.cutlass import INSTALL_HINT, available
 
     if not available():
         print(INSTALL_HINT, file=sys.stderr)
         return 2
-    todo = variants(args.only)
+    todo = variants(args.only, head_dims=args.head_dims, dtypes=args.dtypes, group_sizes=group_sizes,
+                    q_lens=args.q_lens, layouts=args.layouts)
     if not todo:
-        print(f"no variant matches --only {args.only!r}", file=sys.stderr)
+        print("no variant matches the filters (--only / --head-dims / --dtypes / --heads / --group-sizes / "
+              "--q-lens / --layouts)", file=sys.stderr)
         return 2
     dump_root = args.dump_dir or tempfile.mkdtemp(prefix="splitkv-compile-")
     t0 = time.perf_counter()

@@ -1,0 +1,220 @@
+"""splitkv.warmup: compile ahead, at start-up, the kernels a model will use.
+
+The first decode of each kernel variant compiles it: a CuTe DSL (cutlass) variant takes seconds
+(reported ~20 s for D 256, Sq 16 on an H200), a Triton specialisation about 1-2 s. warmup() makes
+those first calls itself, on tiny dummy tensors, through the public API only
+(`splitkv.decode(..., num_splits=..., backend=...)`), so it stays right whatever the planner and
+the backends become: for every combination of head dim x dtype x (Hq, Hkv) x Sq x cache layout x
+backend it runs a decode that does not split (num_splits=1), one that splits in two (the fused
+merge), one with MANY_SPLITS splits (more than any fused-merge limit: the separate combine
+kernel) and one the planner splits itself (num_splits=None). Together these hit the kernels a
+model with those shapes launches, whatever split count the planner picks later. Compiled CuTe
+kernels also land in the disk cache (SPLITKV_CACHE_DIR) and Triton's in its own
+(~/.triton/cache), so a later process loads them instead of compiling.
+
+On a CPU device (or without CUDA) there is nothing to compile: the same calls run on the torch
+backend, cheaply, so the code path is exercised (and tested) anywhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+import torch
+
+from . import validate
+
+# Split counts each combination decodes with: 1 = the unsplit tile; 2 = the split tile and the
+# merge fused into the split kernel; MANY_SPLITS = past the fused merge's split limit, so the
+# separate combine kernel compiles too (Triton fuses up to 8 splits today); None = the planner
+# decides (its own code path, on the longest dummy length).
+MANY_SPLITS = 16
+SPLIT_COUNTS = (1, 2, MANY_SPLITS, None)
+KEYS_PER_SPLIT = 256  # cache length per split of the dummy decodes (one chunk of the planner's minimum)
+
+_DTYPE_NAMES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+                "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+
+
+def _seq(name: str, value, kind) -> tuple:
+    """A single value or a sequence of them -> tuple; anything else names the argument."""
+    if isinstance(value, kind):
+        values = (value,)
+    elif isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{name}: expected {kind.__name__} or a sequence of them, got {value!r}")
+    else:
+        values = tuple(value)
+    if not values:
+        raise ValueError(f"{name}: expected at least one value, got an empty sequence")
+    return values
+
+
+def _ints(name: str, value) -> tuple[int, ...]:
+    values = _seq(name, value, int)
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{name}: expected ints, got {v!r}")
+    return values
+
+
+def _dtype(v) -> torch.dtype:
+    if isinstance(v, torch.dtype) and v in _DTYPE_NAMES.values():
+        return v
+    if isinstance(v, str) and v.lower().removeprefix("torch.") in _DTYPE_NAMES:
+        return _DTYPE_NAMES[v.lower().removeprefix("torch.")]
+    raise ValueError(f"dtypes: expected torch.float16 / torch.bfloat16 (float32: torch backend only) or their "
+                     f"names, got {v!r}")
+
+
+def check_args(head_dims, dtypes, num_q_heads, num_kv_heads, q_lens, paged, page_size, backends, on_cpu):
+    """Validated, deduplicated tuples of every argument (ValueError naming the argument)."""
+    head_dims = _ints("head_dims", head_dims)
+    bad = [d for d in head_dims if d not in validate.SUPPORTED_HEAD_DIMS]
+    if bad:
+        raise ValueError(f"head_dims: {bad[0]} not supported, expected entries in {validate.SUPPORTED_HEAD_DIMS}")
+    if isinstance(dtypes, (torch.dtype, str)):
+        dtypes = (dtypes,)
+    dtypes = tuple(_dtype(v) for v in _seq("dtypes", dtypes, torch.dtype))
+    hq, hkv = _ints("num_q_heads", num_q_heads), _ints("num_kv_heads", num_kv_heads)
+    if len(hq) > 1 and len(hkv) > 1 and len(hq) != len(hkv):
+        raise ValueError(f"num_kv_heads: {len(hkv)} values do not pair with num_q_heads' {len(hq)} "
+                         "(give equal-length sequences, or one int for either)")
+    n = max(len(hq), len(hkv))
+    heads = tuple(zip(hq * n if len(hq) == 1 else hq, hkv * n if len(hkv) == 1 else hkv))
+    for q_heads, kv_heads in heads:
+        if q_heads < 1:
+            raise ValueError(f"num_q_heads: expected positive ints, got {q_heads}")
+        if kv_heads < 1:
+            raise ValueError(f"num_kv_heads: expected positive ints, got {kv_heads}")
+        if q_heads % kv_heads:
+            raise ValueError(f"num_q_heads: {q_heads} must be a multiple of num_kv_heads {kv_heads}")
+    q_lens = _ints("q_lens", q_lens)
+    bad = [s for s in q_lens if not 1 <= s <= validate.MAX_Q_LEN]
+    if bad:
+        raise ValueError(f"q_lens: expected entries in 1..{validate.MAX_Q_LEN}, got {bad[0]}")
+    paged = _seq("paged", paged, bool)
+    if not all(isinstance(p, bool) for p in paged):
+        raise ValueError(f"paged: expected bools (False = contiguous cache, True = paged), got {paged!r}")
+    page_sizes = _ints("page_size", page_size)
+    if any(p < 1 for p in page_sizes):
+        raise ValueError(f"page_size: expected positive ints, got {page_sizes!r}")
+    backends = _seq("backends", backends, str)
+    bad = [b for b in backends if b not in validate.BACKENDS]
+    if bad:
+        raise ValueError(f"backends: expected entries in {validate.BACKENDS}, got {bad[0]!r}")
+    if on_cpu:
+        backends = ("torch",)  # nothing to compile: exercise the path on the torch backend
+    elif torch.float32 in dtypes and any(b != "torch" for b in backends):
+        raise ValueError("dtypes: float32 runs only on the torch backend; on CUDA warm float16 / bfloat16")
+    uniq = lambda xs: tuple(dict.fromkeys(xs))
+    return (uniq(head_dims), uniq(dtypes), uniq(heads), uniq(q_lens), uniq(paged), uniq(page_sizes),
+            uniq(backends))
+
+
+def _decodes(head_dim, dtype, heads, q_len, is_paged, page_size, backend, device) -> None:
+    """The dummy decodes of one combination (batch 1, zero-filled inputs)."""
+    from .api import decode
+
+    q_heads, kv_heads = heads
+    max_len = MANY_SPLITS * KEYS_PER_SPLIT
+    q = torch.zeros(1, q_len, q_heads, head_dim, dtype=dtype, device=device)
+    if is_paged:
+        pages = -(-max_len // page_size)
+        k = torch.zeros(pages, page_size, kv_heads, head_dim, dtype=dtype, device=device)
+        block_table = torch.arange(pages, dtype=torch.int32, device=device)[None]
+    else:
+        k = torch.zeros(1, max_len, kv_heads, head_dim, dtype=dtype, device=device)
+        block_table = None
+    for splits in SPLIT_COUNTS:
+        keys = max_len if splits is None else max(2, splits) * KEYS_PER_SPLIT
+        lens = torch.full((1,), keys, dtype=torch.int32, device=device)
+        decode(q, k, k, lens, block_table=block_table, num_splits=splits, backend=backend)
+
+
+def warmup(*, head_dims=(128,), dtypes=(torch.bfloat16,), num_q_heads=32, num_kv_heads=8, q_lens=(1,),
+           paged=(False,), page_size=16, backends=("auto",), device="cuda", verbose=False) -> dict:
+    """Compile ahead every kernel a model with these shapes will launch; returns a summary.
+
+    Each argument takes one value or a sequence; every combination of head_dims x dtypes x
+    (Hq, Hkv) heads x q_lens x paged x page_size (paged only) x backends is warmed. num_q_heads
+    and num_kv_heads pair up element-wise (an int pairs with every entry of the other):
+    num_q_heads=(32, 64), num_kv_heads=8 warms (32, 8) and (64, 8). Use the backend(s) the model
+    will call decode with ("auto" = what decode's auto picks on this GPU, cutlass for split plans
+    on sm90 and Triton otherwise). On a CPU device, or without CUDA, the same calls run on the
+    torch backend (nothing compiles).
+
+    Returns {"device", "total_s", "combinations": [{"backend", "head_dim", "dtype", "num_q_heads",
+    "num_kv_heads", "q_len", "paged", "page_size", "seconds"}, ...]}: seconds per combination, the
+    first calls' compile time included (a combination whose kernels are already compiled or on
+    disk takes far less).
+    """
+    dev = torch.device(device)
+    on_cpu = dev.type != "cuda" or not torch.cuda.is_available()
+    if on_cpu:
+        dev = torch.device("cpu")
+    head_dims, dtypes, heads, q_lens, paged, page_sizes, backends = check_args(
+        head_dims, dtypes, num_q_heads, num_kv_heads, q_lens, paged, page_size, backends, on_cpu)
+    combos = [(d, dt, h, s, p, ps if p else None, b)
+              for d, dt, h, s, p, b in itertools.product(head_dims, dtypes, heads, q_lens, paged, backends)
+              for ps in (page_sizes if p else (None,))]
+    rows: list[dict] = []
+    progress = _Progress(len(combos), dev) if verbose else None
+    t_all = time.perf_counter()
+    try:
+        for d, dt, (hq, hkv), s, p, ps, b in combos:
+            row = dict(backend=b, head_dim=d, dtype=str(dt).removeprefix("torch."), num_q_heads=hq,
+                       num_kv_heads=hkv, q_len=s, paged=p, page_size=ps)
+            if progress:
+                progress.start(row)
+            t0 = time.perf_counter()
+            try:
+                _decodes(d, dt, (hq, hkv), s, p, ps, b, dev)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+            except Exception as e:
+                if hasattr(e, "add_note"):  # Python >= 3.11
+                    e.add_note(f"splitkv.warmup: while warming {row}")
+                raise
+            row["seconds"] = round(time.perf_counter() - t0, 3)
+            rows.append(row)
+            if progress:
+                progress.done(row)
+    finally:
+        if progress:
+            progress.close()
+    return {"device": str(dev), "total_s": round(time.perf_counter() - t_all, 3), "combinations": rows}
+
+
+def describe(row: dict) -> str:
+    layout = f"paged{row['page_size']}" if row["paged"] else "dense"
+    return (f"{row['backend']} D{row['head_dim']} {row['dtype']} Hq/Hkv {row['num_q_heads']}/{row['num_kv_heads']} "
+            f"Sq {row['q_len']} {layout}")
+
+
+class _Progress:
+    """verbose=True: a rich progress bar plus one line per finished combination."""
+
+    def __init__(self, total: int, device):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.bar = Progress(TextColumn("[bold]warmup[/] {task.description}"), BarColumn(),
+                            TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                            console=self.console, transient=True)
+        self.console.print(f"splitkv warmup: {total} combination(s) on {device}")
+        self.task = self.bar.add_task("", total=total)
+        self.bar.start()
+
+    def start(self, row: dict) -> None:
+        self.bar.update(self.task, description=describe(row))
+
+    def done(self, row: dict) -> None:
+        self.bar.console.print(f"  {describe(row):60s} {row['seconds']:8.2f} s")
+        self.bar.advance(self.task)
+
+    def close(self) -> None:
+        self.bar.stop()
