@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests, demo, benchmarks; everything lands under $OUT.
-#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|tune|bench|all ...]
+#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|cutlass|graphtune|hf|all ...]
+#   BENCH_ARGS overrides the bench's suite/providers (default: $BENCH_DEFAULT below)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 [ -f .whl/env.sh ] && . .whl/env.sh
@@ -16,13 +17,21 @@ if has tests; then
 fi
 if has demo; then python -m splitkv demo 2>&1 | tee "$OUT/demo.log"; fi
 if has tune; then python benchmarks/triton_tune.py --out "$OUT" 2>&1 | tee "$OUT/tune.log" | grep -v '^ ' | tail -150; fi
+# default bench: every PEERS.md shape + the ragged B=16 1K..128K paged batch; splitkv as a user calls it
+# (no plan, eager), with a reused plan (eager) and under CUDA-graph replay, next to the peers, in one run
+BENCH_DEFAULT="--suite headline --providers splitkv-auto-noplan,splitkv-auto,sdpa-cudnn,sdpa-flash,flashinfer"
 if has bench; then
-  python -m splitkv bench ${BENCH_ARGS:-} --json "$OUT/bench.json" --markdown "$OUT/bench.md" --plot "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -80
+  python -m splitkv bench ${BENCH_ARGS:-$BENCH_DEFAULT} --json "$OUT/bench.json" --markdown "$OUT/bench.md" --plot "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -80
 fi
 if has cutlass; then python benchmarks/gpu_cutlass.py --out "$OUT" ${CUTLASS_ARGS:-} 2>&1 | tee "$OUT/cutlass.log" | tail -60; fi
-if has host; then python benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log" | tail -20; fi
+if has host; then python benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log" | tail -50; fi
 if has graphtune; then python benchmarks/triton_tune.py --graph-only --out "$OUT" 2>&1 | tee "$OUT/graphtune.log" | grep GRAPH; fi
 if has hf; then python benchmarks/hf_decode.py --out "$OUT/hf_decode.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -15; fi
-# at most 8 files come back: pack everything but the JSON results into one archive
-(cd "$OUT" && tar czf /tmp/logs_and_plots.tgz --exclude='*.json' . && find . -type f ! -name '*.json' -delete \
-  && mv /tmp/logs_and_plots.tgz .)
+# at most 8 files come back: up to 7 results (the JSON files, then bench.md) stay as they are,
+# everything else (logs, plots, env.txt) goes into one archive
+(cd "$OUT" && keep=$(mktemp -d) && n=0
+ for f in *.json bench.md; do
+   if [ -f "$f" ] && [ "$n" -lt 7 ]; then mv "$f" "$keep/" && n=$((n + 1)); fi
+ done
+ tar czf /tmp/logs_and_plots.tgz . && find . -mindepth 1 -delete && mv /tmp/logs_and_plots.tgz .
+ mv "$keep"/* . 2>/dev/null; rmdir "$keep")

@@ -1,72 +1,205 @@
-"""Host (CPU) time per decode call and per stage, on a GPU: what eager small-shape latency is made of.
+"""Host (CPU) time per decode call and per stage: what eager small-shape latency is made of.
 
-    python benchmarks/host_overhead.py [--out DIR]
+    python benchmarks/host_overhead.py [--out DIR] [--device cuda|cpu] [--calls N] [--shape B,L,Hq,Hkv,D]
 
-Each stage runs N times back to back without synchronising; wall time / N is its host cost (the
-GPU work is tiny, B=1 GQA 32/8 4K, so the host is the bottleneck and this is what we measure).
+Each entry runs N calls back to back without synchronising; wall time / N is its host cost (the
+default problem is tiny, B=1 GQA 32/8 4K, so the host is the bottleneck and this is what is
+measured): splitkv.bench.timing.time_host, the method of the bench's host column. A call that
+synchronises inside (one that reads lengths on the host) pays its GPU time here too.
+
+Measured, for each backend of triton / cutlass / auto (skipped when unavailable):
+  decode() with no plan (what a new user calls), and with out=, and return_lse=True;
+  decode(plan=p) with an eager plan, with out=, return_lse=True; with a graph-safe plan;
+  splitkv.plan() (once per step) and plan.refresh() of a graph-safe plan;
+peers: SDPA cuDNN and flash (views of the same tensors, GQA without expanding K/V);
+stages that stay meaningful from the outside: splitkv.validate.check_decode_inputs, a bare
+torch.empty, torch.cuda.current_stream. Any entry that raises is reported as "error: ..." and
+the script goes on. Prints a table; writes host_overhead.json under --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
-import math
-import time
+import platform
+import sys
+from pathlib import Path
 
 import torch
 
-import splitkv
-from splitkv import backends, validate
-from splitkv.backends.triton import launch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the checkout
 
-N = 300
+import splitkv  # noqa: E402
+from splitkv import backends, validate  # noqa: E402
+from splitkv.bench.timing import time_host  # noqa: E402
 
-
-def per_call_us(fn, n=N):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+SCHEMA = "splitkv.host_overhead/1"
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    a = ap.parse_args()
-    B, Hq, Hkv, D, L = 1, 32, 8, 128, 4096
-    q = torch.randn(B, 1, Hq, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    sl = torch.full((B,), L, dtype=torch.int32, device="cuda")
-    p = splitkv.plan(sl, Hq, Hkv, D)
+def _short(exc: BaseException) -> str:
+    return f"error: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+def _available(backend: str, device: torch.device) -> str | None:
+    """None if the backend can run on this device, else why not."""
+    try:
+        if backend == "cutlass" and not backends.cutlass_available():
+            return "nvidia-cutlass-dsl / splitkv.backends.cutlass not available"
+        if backend == "triton" and not backends.triton_available():
+            return "triton not installed"
+        backends.resolve(backend, device)
+    except Exception as exc:  # noqa: BLE001
+        return _short(exc)
+    return None
+
+
+def measure(entries, device: torch.device, calls: int | None) -> dict:
+    """{name: µs per call, or 'error: ...' / 'skipped: ...'} for (name, fn | (fn, context) | reason)
+    entries; a context is held around the timing of its fn (SDPA's sdpa_kernel)."""
+    res = {}
+    for name, fn in entries:
+        if isinstance(fn, str):
+            res[name] = fn
+        else:
+            fn, ctx = fn if isinstance(fn, tuple) else (fn, contextlib.nullcontext())
+            try:
+                with ctx:
+                    res[name] = time_host(fn, device, calls)[0]
+            except Exception as exc:  # noqa: BLE001 - reported, the rest still runs
+                res[name] = _short(exc)
+                if device.type == "cuda":
+                    try:
+                        torch.cuda.synchronize(device)
+                    except Exception:  # noqa: BLE001
+                        pass
+        value = res[name]
+        text = f"{value:10.1f} us/call" if isinstance(value, float) else value
+        print(f"HOST {name:44s} {text}", flush=True)
+    return res
+
+
+def entries_for(q, k, v, sl, device, backends_to_run):
+    """(name, zero-arg callable | 'skipped: why') in the order they are printed."""
+    _, _, Hq, D = q.shape
+    Hkv = k.shape[2]
     out = torch.empty_like(q)
-    lse = torch.empty(B, Hq, 1, device="cuda")
-    op, lp = p.partials()
-    scale = 1 / math.sqrt(D)
-    res = {
-        "decode(plan=p, out=out)": per_call_us(lambda: splitkv.decode(q, k, v, sl, plan=p, out=out)),
-        "decode(plan=p)": per_call_us(lambda: splitkv.decode(q, k, v, sl, plan=p)),
-        "decode() planning each call": per_call_us(lambda: splitkv.decode(q, k, v, sl)),
-        "validate": per_call_us(lambda: validate.check_decode_inputs(q, k, v, sl, None, None, None, "auto")),
-        "resolve backend": per_call_us(lambda: backends.resolve("auto", q.device)),
-        "plan.partials()": per_call_us(lambda: p.partials()),
-        "torch.empty x2": per_call_us(lambda: (torch.empty_like(q), torch.empty(B, Hq, 1, device="cuda"))),
-        "triton run (split+combine)": per_call_us(lambda: launch.run(q, k, v, sl, None, p, op, lp, out, lse, scale, True)),
-        "triton combine only": per_call_us(lambda: launch.combine(op, lp, p.num_splits, out, lse, skip_single=True)),
-        "sdpa cudnn (peer)": per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)),
-    }
-    for name, us in res.items():
-        print(f"HOST {name:32s} {us:8.1f} us/call", flush=True)
+    entries = []
+
+    def guarded(name, make):
+        """make() builds the callable (plans etc., outside timing); a failure there is the entry's error."""
+        try:
+            entries.append((name, make()))
+        except Exception as exc:  # noqa: BLE001
+            entries.append((name, _short(exc)))
+
+    for be in backends_to_run:
+        why = _available(be, device)
+        if why is not None:
+            entries.append((f"[{be}] (all entries)", f"skipped: {why}"))
+            continue
+        guarded(f"[{be}] decode() no plan", lambda be=be: lambda: splitkv.decode(q, k, v, sl, backend=be))
+        guarded(f"[{be}] decode(out=) no plan",
+                lambda be=be: lambda: splitkv.decode(q, k, v, sl, backend=be, out=out))
+        guarded(f"[{be}] decode(return_lse=True) no plan",
+                lambda be=be: lambda: splitkv.decode(q, k, v, sl, backend=be, return_lse=True))
+
+        def with_plan(be=be, **kw):
+            p = splitkv.plan(sl, Hq, Hkv, D, backend=be)
+            splitkv.decode(q, k, v, sl, plan=p, backend=be, **kw)  # compile / warm outside timing
+            return lambda: splitkv.decode(q, k, v, sl, plan=p, backend=be, **kw)
+
+        def graph_plan(be=be):
+            p = splitkv.plan(sl, Hq, Hkv, D, backend=be, max_seqlen=int(k.shape[1]))
+            p.refresh(sl)
+            return p
+
+        def with_graph_plan(be=be):
+            p = graph_plan(be)
+            return lambda: splitkv.decode(q, k, v, sl, plan=p, backend=be)
+
+        def refresh(be=be):
+            p = graph_plan(be)
+            return lambda: p.refresh(sl)
+
+        guarded(f"[{be}] decode(plan=p)", with_plan)
+        guarded(f"[{be}] decode(plan=p, out=)", lambda be=be: with_plan(be, out=out))
+        guarded(f"[{be}] decode(plan=p, return_lse=True)", lambda be=be: with_plan(be, return_lse=True))
+        guarded(f"[{be}] decode(plan=p, out=, return_lse=True)",
+                lambda be=be: with_plan(be, out=out, return_lse=True))
+        guarded(f"[{be}] decode(plan=graph-safe p)", with_graph_plan)
+        guarded(f"[{be}] splitkv.plan() eager", lambda be=be: lambda: splitkv.plan(sl, Hq, Hkv, D, backend=be))
+        guarded(f"[{be}] graph-safe p.refresh(lens)", refresh)
+
+    # peers: SDPA on views in its [B, H, L, D] layout (no copy; GQA kernels take Hq != Hkv)
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    for which, label in (("cudnn", "cuDNN"), ("flash", "flash")):
+        if which == "cudnn" and device.type != "cuda":
+            entries.append(("[peer] SDPA cuDNN", "skipped: needs CUDA"))
+            continue
+
+        def sdpa(which=which):
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            kind = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[which]
+
+            def call():
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+
+            with sdpa_kernel([kind]):
+                call()  # a backend that rejects the problem raises here, before timing
+            return call, sdpa_kernel([kind])  # the context is held around the timed loop, as the bench does
+
+        guarded(f"[peer] SDPA {label}", sdpa)
+
+    # stages reachable from outside
+    guarded("[stage] validate.check_decode_inputs",
+            lambda: lambda: validate.check_decode_inputs(q, k, v, sl, None, None, None, "auto"))
+    guarded("[stage] torch.empty_like(q)", lambda: lambda: torch.empty_like(q))
+    if device.type == "cuda":
+        guarded("[stage] torch.cuda.current_stream()", lambda: lambda: torch.cuda.current_stream(device))
+    return entries
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="directory for host_overhead.json")
+    ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
+    ap.add_argument("--calls", type=int, default=None,
+                    help="calls per timed loop (default: sized to ~20 ms, 10..100 on a GPU)")
+    ap.add_argument("--shape", default="1,4096,32,8,128", help="B,L,Hq,Hkv,D (default 1,4096,32,8,128)")
+    ap.add_argument("--backends", default=None,
+                    help="comma-separated splitkv backends (default: triton,cutlass,auto on CUDA; torch,auto on CPU)")
+    a = ap.parse_args(argv)
+    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if a.device == "auto" else a.device))
+    B, L, Hq, Hkv, D = (int(x) for x in a.shape.split(","))
+    names = (a.backends.split(",") if a.backends else
+             (["triton", "cutlass", "auto"] if device.type == "cuda" else ["torch", "auto"]))
+    dtype = torch.bfloat16
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(B, 1, Hq, D, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(B, L, Hkv, D, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(B, L, Hkv, D, device=device, dtype=dtype, generator=gen)
+    sl = torch.full((B,), L, dtype=torch.int32, device=device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"host µs per call on {where}: B={B} L={L} Hq/Hkv={Hq}/{Hkv} D={D} bf16 "
+          "(calls back to back, no sync; wall / calls, median of 3 loops)", flush=True)
+    res = measure(entries_for(q, k, v, sl, device, names), device, a.calls)
     if a.out:
-        with open(f"{a.out}/host_overhead.json", "w") as f:
-            json.dump(res, f, indent=1)
+        doc = {"schema": SCHEMA,
+               "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                        "device": where, "torch": torch.__version__, "python": platform.python_version(),
+                        "splitkv": splitkv.__version__, "shape": {"B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D},
+                        "dtype": "bf16", "calls": a.calls, "backends": names,
+                        "command": "python benchmarks/host_overhead.py " + " ".join(argv or sys.argv[1:]),
+                        "method": "splitkv.bench.timing.time_host: N calls without sync, wall / N, median of 3"},
+               "results": res}
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "host_overhead.json").write_text(json.dumps(doc, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,6 +12,7 @@ import importlib.util
 import time
 
 import torch
+from rich.markup import escape
 
 import splitkv
 
@@ -66,8 +67,8 @@ def run(console, device) -> bool:
                   "every decode step through PagedKVCache + splitkv:")
     console.print(f"  splitkv generate: {t_ours:.2f} s including prefill ({new / t_ours:.1f} tokens/s overall); "
                   f"transformers generate: {t_ref:.2f} s")
-    console.print(f"  splits at the last step: {p.num_splits_host[0]} per KV head "
-                  f"(chunk {p.chunk_len} keys, tile {p.tile.block_m}x{p.tile.block_n})")
+    console.print(f"  splits at the last step: {int(p.num_splits.tolist()[0])} per KV head "
+                  f"({escape(p.describe())})", highlight=False)
     if same == new:
         note = "" if gpu else " (fp32 on CPU: must be identical)"
         console.print(f"  [green]{same}/{new} tokens identical to transformers' generate{note}[/]")

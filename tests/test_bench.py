@@ -1,18 +1,24 @@
-"""splitkv.bench on the CPU: schema, byte model, error columns, n/a rows, plots, sweep. No timing
-assertions (CPU times say nothing about the GPU)."""
+"""splitkv.bench on the CPU: schema, byte model, error columns, n/a rows, plots, sweep, provider
+modes (plan reused / no plan), host column, the headline suite gpu_run.sh runs, host_overhead.py.
+No timing assertions (CPU times say nothing about the GPU)."""
 
+import importlib.util
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 import splitkv.bench as bench
 from splitkv.bench import check, cli, inputs, registry, report, runner, shapes
-from splitkv.bench.providers import Provider, Session
+from splitkv.bench.providers import Provider, Session, SplitKV
+from splitkv.bench.timing import time_host
 from splitkv.reference import decode_reference, gather_keys
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +49,25 @@ def test_quick_rows_error_columns_filled(quick_run):
     _, _, doc = quick_run
     by = {(r["shape"], r["provider"]): r for r in doc["rows"]}
     ok = [r for r in doc["rows"] if r["status"] == "ok"]
-    assert {r["provider"] for r in ok} >= {"splitkv-torch", "sdpa-flash"}  # ours and a peer are checked
+    # ours in both calling modes and a peer are checked
+    assert {r["provider"] for r in ok} >= {"splitkv-torch", "splitkv-torch-noplan", "sdpa-flash"}
     for r in ok:
         assert r["max_abs_err"] is not None and r["rel_err"] is not None and r["err_scope"] == "all"
         assert r["rel_err"] < report.ERR_WARN, r
         assert r["eager_us"] > 0 and r["eager_reps"] >= 1
+        assert r["host_us"] > 0 and r["host_calls"] >= 1  # every provider has a host column
         assert r["eager_tbps"] == pytest.approx(r["bytes"] / r["eager_us"] / 1e6)
         assert r["graph_us"] is None  # no CUDA graphs on a CPU
         assert r["cmd"].startswith("python -m splitkv bench --suite quick --shapes " + r["shape"])
     assert all(r["status"] == "ok" for r in doc["rows"] if r["kind"] == "splitkv")
+    for r in ok:  # the two modes: a plan made once (described), or decode planning every call
+        if r["provider"] == "splitkv-torch":
+            assert r["plan"].startswith("DecodePlan") and "reused" in r["note"]
+            assert "--providers splitkv-torch " in r["cmd"]
+        elif r["provider"] == "splitkv-torch-noplan":
+            assert r["plan"].startswith("decode plans itself") and "no plan" in r["note"]
+            assert "--providers splitkv-torch-noplan " in r["cmd"]
+    assert doc["meta"]["host"] is True
     # peers that cannot take a layout are n/a, not emulated
     paged = [s.name for s in shapes.quick_suite() if s.paged]
     ragged = [s.name for s in shapes.quick_suite() if not s.uniform]
@@ -70,6 +86,13 @@ def test_quick_markdown_and_sweep(quick_run):
     _, out, doc = quick_run
     md = (out / "bench.md").read_text()
     assert "| shape |" in md and "splitkv-torch" in md and "planner" in md
+    header = next(line for line in md.splitlines() if line.startswith("| shape |"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert cols == ["shape", "dtype", "provider", *report.COLUMNS, "note", "reproduce"]
+    assert {"eager µs", "graph µs", "host µs/call"} <= set(cols)
+    for line in md.splitlines():  # every row (main table and sweep) carries the command that reproduces it
+        if line.startswith("| b"):
+            assert re.search(r"`python -m splitkv bench --suite quick --shapes b\S+ --providers ", line), line
     (sw,) = doc["sweep"]
     assert sw["shape"] == "b1-l1k-h4x2-d64" and sw["mode"] == "eager"
     assert 1 <= sw["planner_splits"] and 1 <= sw["best_splits"] <= 4
@@ -225,7 +248,7 @@ def test_graph_rows_check_the_graph_safe_output(monkeypatch):
     row["note"] = ""
     cfg = runner.Config(device=torch.device("cpu"), suite="quick", reps=1)
     runner._measure_graph(case, ref, registry.make("splitkv-torch"), cfg, row)
-    assert row["graph_plan"].startswith("DecodePlan[graph-safe]"), row
+    assert row["graph_plan"].startswith("DecodePlan"), row
     assert row["graph_us"] == 1.0 and row["graph_calls"] == 3
     assert row["graph_rel_err"] < report.ERR_WARN and not report.err_flag(row)
 
@@ -247,3 +270,84 @@ def test_rows_measured_before_a_crash_are_written(tmp_path, monkeypatch):
                   "--shapes", "b1-l256-*,b2-l256-*", "--json", str(out)])
     doc = json.loads(out.read_text())
     assert len(doc["rows"]) == 2 and "illegal memory access" in doc["meta"]["incomplete"]
+
+
+def test_headline_suite_covers_peers_md_and_the_ragged_batch():
+    suite = shapes.suite("headline")
+    names = [s.name for s in suite]
+    assert len(names) == len(set(names)) == 14 + 8 + 1
+    for B, L, Hq, Hkv in shapes.PEERS_MD_SDPA:
+        assert shapes.make_shape(B, L, Hq, Hkv).name in names
+    for B, L, Hq, Hkv in shapes.PEERS_MD_PAGED:
+        assert shapes.make_shape(B, L, Hq, Hkv, page_size=16).name in names
+    (ragged,) = [s for s in suite if not s.uniform]
+    assert list(ragged.seqlens) == torch.linspace(1024, 131072, 16).int().tolist()
+    assert (ragged.batch, ragged.num_q_heads, ragged.num_kv_heads, ragged.head_dim, ragged.page_size) == (
+        16, 32, 8, 128, 16)
+    assert ragged.name == "b16-ragged1k-128k-lin-h32x8-d128-paged16"
+    full = [s.name for s in shapes.full_suite()]
+    assert ragged.name in full and len(full) == len(set(full))  # distinct from the geometric spread
+
+
+def test_noplan_provider_mode():
+    p = registry.make("splitkv-auto-noplan")
+    assert isinstance(p, SplitKV) and p.backend == "auto" and p.noplan and p.name == "splitkv-auto-noplan"
+    assert not p.graphable and "not capturable" in p.graph_note
+    q = registry.make("splitkv-auto")
+    assert not q.noplan and q.graphable
+    assert registry.expand("splitkv", ("triton", "cutlass")) == [
+        "splitkv-triton", "splitkv-triton-noplan", "splitkv-cutlass", "splitkv-cutlass-noplan"]
+    with pytest.raises(ValueError):
+        registry.make("splitkv-nope-noplan")
+    # a no-plan call gives the same output as the plan-reused one
+    shape = shapes.make_shape(2, (100, 300), 4, 2, 64, page_size=16)
+    case = inputs.build_case(shape, torch.float32, "cpu", seed=3)
+    a = registry.make("splitkv-torch-noplan").session(case, graph=False).bind(case.base)()
+    b = registry.make("splitkv-torch").session(case, graph=False).bind(case.base)()
+    torch.testing.assert_close(a, b)
+
+
+def test_time_host_counts_calls():
+    n = []
+    us, calls = time_host(lambda: n.append(1), torch.device("cpu"), calls=5, loops=2)
+    assert us > 0 and calls == 5 and len(n) == 1 + 2 * 5  # one warm-up call, then the loops
+    us, calls = time_host(lambda: None, torch.device("cpu"))
+    assert us >= 0 and calls >= 2
+
+
+def _gpu_run_bench_default() -> str:
+    text = (ROOT / "benchmarks" / "gpu_run.sh").read_text()
+    m = re.search(r'^BENCH_DEFAULT="([^"]+)"', text, re.M)
+    assert m, "gpu_run.sh defines BENCH_DEFAULT"
+    assert "${BENCH_ARGS:-$BENCH_DEFAULT}" in text
+    return m.group(1)
+
+
+def test_gpu_run_bench_command_selects_the_headline_suite(capsys):
+    args = _gpu_run_bench_default().split()
+    assert args[:2] == ["--suite", "headline"]
+    provs = args[args.index("--providers") + 1].split(",")
+    assert set(provs) == {"splitkv-auto-noplan", "splitkv-auto", "sdpa-cudnn", "sdpa-flash", "flashinfer"}
+    assert cli.main(args + ["--list", "--device", "cpu"]) == 0
+    listed = capsys.readouterr().out
+    assert "b16-ragged1k-128k-lin-h32x8-d128-paged16" in listed and "b1-l4k-h32x8-d128" in listed
+    assert "splitkv-auto-noplan" in listed
+
+
+def test_host_overhead_script_runs_and_reports_errors(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("host_overhead", ROOT / "benchmarks" / "host_overhead.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--device", "cpu", "--shape", "1,64,2,1,64", "--calls", "2", "--backends", "torch,bogus",
+                   "--out", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads((tmp_path / "host_overhead.json").read_text())
+    res = doc["results"]
+    assert doc["schema"] == mod.SCHEMA and doc["meta"]["shape"]["L"] == 64
+    for key in ("[torch] decode() no plan", "[torch] decode(plan=p)", "[torch] decode(out=) no plan",
+                "[torch] decode(plan=p, out=, return_lse=True)", "[stage] validate.check_decode_inputs",
+                "[stage] torch.empty_like(q)", "[peer] SDPA flash"):
+        assert isinstance(res[key], float) and res[key] > 0, (key, res[key])
+    assert res["[bogus] (all entries)"].startswith("skipped:")
+    assert res["[peer] SDPA cuDNN"].startswith("skipped:")
+    assert "HOST [torch] decode() no plan" in capsys.readouterr().out

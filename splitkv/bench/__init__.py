@@ -1,13 +1,15 @@
 """splitkv.bench: the decode benchmark suite (`python -m splitkv bench`, entry point cli.main).
 
 Modules: shapes (suites, byte model), inputs (tensors, rotation), providers / external / registry
-(splitkv backends and peers), check (error vs the fp64 reference), timing (eager and CUDA-graph
-timers), runner (the loop), sweep (num_splits report card), report (table, JSON, markdown), plots.
+(splitkv backends and peers), check (error vs the fp64 reference), timing (eager, host and
+CUDA-graph timers), runner (the loop), sweep (num_splits report card), report (table, JSON, markdown), plots.
 
 Row schema (JSON "rows"; one row per shape x dtype x provider; null where not measured):
 
   shape            str    suite shape name (reproduce with --shapes NAME)
-  provider         str    splitkv-<backend>, sdpa-flash, sdpa-cudnn, sdpa-efficient, flashinfer,
+  provider         str    splitkv-<backend> (plan reused: eager and graph rows),
+                          splitkv-<backend>-noplan (decode(q, k, v, lens) with no plan: eager and
+                          host only), sdpa-flash, sdpa-cudnn, sdpa-efficient, flashinfer,
                           flash-attn2, flash-attn3, flex
   kind             str    "splitkv" or "peer"
   status           str    "ok"; "n/a" (the provider cannot take this layout/shape: not emulated);
@@ -21,13 +23,19 @@ Row schema (JSON "rows"; one row per shape x dtype x provider; null where not me
   seqlen_total     int    keys summed over the batch
   bytes            int    byte model: K + V of valid positions + q + o (shapes.byte_model), bytes
   eager_us         float  median µs per call, L2 flushed before each repetition (do_bench method);
-                          splitkv plans once outside the timed region (plan reuse across layers)
+                          splitkv-<backend> plans once outside the timed region (plan reuse across
+                          layers), splitkv-<backend>-noplan plans inside every call
   eager_reps       int    repetitions behind eager_us
   graph_us         float  µs per call under CUDA-graph replay (graph_calls calls over rotating
                           buffers > 256 MB, median of graph_replays replays); null on CPU, with
                           --no-graph, or when capture failed (see note)
   graph_calls      int    calls captured in one graph
   graph_replays    int    replays behind graph_us
+  host_us          float  host (CPU) µs per call: host_calls calls issued back to back without
+                          synchronising, wall time / host_calls, median of 3 loops (what
+                          benchmarks/host_overhead.py measures); a call that syncs internally pays
+                          its GPU time here too; null with --no-host
+  host_calls       int    calls per host loop
   eager_tbps, graph_tbps          float  bytes / time, TB/s (1e12 B/s)
   eager_pct_sol, graph_pct_sol    float  TB/s as % of meta.sol_tbps (4.8 TB/s on H200)
   eager_vs_best_peer, graph_vs_best_peer   float  best peer's µs / this row's µs (same shape,
@@ -45,7 +53,7 @@ Row schema (JSON "rows"; one row per shape x dtype x provider; null where not me
 
 JSON document: {"schema": "splitkv.bench/1", "meta": {date, device, num_sms, driver, cuda, cudnn,
 python, torch, triton, cutlass, flashinfer, flash_attn, splitkv, git_commit, sol_tbps, command,
-timing, byte_model, suite, reps, graph, num_splits[, incomplete: why the run stopped early, the rows
+timing, byte_model, suite, reps, graph, host, num_splits[, incomplete: why the run stopped early, the rows
 measured until then kept]}, "skipped_providers": [{provider, reason}],
 "rows": [...], "sweep": [{shape, mode, backend, dtype, planner_splits, planner_us, planner_plan,
 best_splits, best_num_splits, best_us, regret_pct (%), curve: [{num_splits, splits, us}], cmd}]}.

@@ -14,7 +14,7 @@ import torch
 from . import registry, report, runner, shapes
 from .sweep import parse_range, run_sweep
 
-SWEEP_RANGE = {"full": "1:64", "peers": "1:64", "quick": "1:8"}
+SWEEP_RANGE = {"full": "1:64", "peers": "1:64", "headline": "1:64", "quick": "1:8"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="same as --suite quick (tiny, CPU-friendly)")
     ap.add_argument("--shapes", help="comma-separated globs on shape names, e.g. 'b1-*,*-paged16'")
     ap.add_argument("--list", action="store_true", help="list the selected shapes and providers, then exit")
-    ap.add_argument("--providers", help="names or groups (splitkv, peers, all); default: splitkv,peers")
+    ap.add_argument("--providers", help="names or groups (splitkv, peers, all); default: splitkv,peers. "
+                                        "splitkv-<backend>: plan reused (eager + graph rows); "
+                                        "splitkv-<backend>-noplan: decode(q, k, v, lens) with no plan")
     ap.add_argument("--backends", help="splitkv backends for the 'splitkv' group (default: triton,cutlass on "
                                        "CUDA, torch on CPU)")
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16 (default: bf16)")
@@ -34,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reps", type=int, default=None, help="cap on timed repetitions / graph replays "
                                                            "(default 20; 3 for --suite quick)")
     ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
+    ap.add_argument("--no-host", action="store_true",
+                    help="skip host timing (CPU µs per call of a launch loop without synchronising)")
     ap.add_argument("--num-splits", default="auto",
                     help="auto (planner), N (force N splits in splitkv rows), or sweep "
                          "(add the planner's report card)")
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 else registry.default_backends(device))
     reps = args.reps if args.reps is not None else (3 if suite_name == "quick" else 20)
     cfg = runner.Config(device=device, suite=suite_name, dtypes=dtypes, reps=max(reps, 1),
-                        graph=not args.no_graph, num_splits=forced, seed=args.seed)
+                        graph=not args.no_graph, host=not args.no_host, num_splits=forced, seed=args.seed)
     selected = shapes.select(shapes.suite(suite_name), args.shapes)
     if not selected:
         raise SystemExit(f"--shapes: no shape of suite {suite_name!r} matches {args.shapes!r} (see --list)")
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(note: str | None = None) -> None:
         meta = report.collect_meta(device, argv_text.split(), args.sol_tbps)
-        meta.update(suite=suite_name, reps=cfg.reps, graph=cfg.graph, num_splits=args.num_splits)
+        meta.update(suite=suite_name, reps=cfg.reps, graph=cfg.graph, host=cfg.host, num_splits=args.num_splits)
         if note:
             meta["incomplete"] = note
         if args.json:

@@ -6,6 +6,9 @@
                                             copies, wrappers); s.context() is held around timing
     fn = s.bind(tensor_set) -> zero-arg callable running one decode, returning o [B, Sq, Hq, D]
 
+The same fn is timed three ways by the runner: eager (GPU time, L2 flushed), host (CPU time of the
+launch loop) and, for a graph session, under CUDA-graph replay.
+
 Peers are given what their API takes and nothing is emulated: a peer with no paged-KV input, no
 per-request lengths or no GQA for a shape is n/a for it (SDPA backends that reject GQA raise
 "no available kernel" on the first call; the runner turns that into n/a, never into an expanded K/V).
@@ -19,8 +22,9 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .. import api, backends
-from ..plan import plan as make_plan
+import splitkv
+
+from .. import backends
 from .inputs import Case, TensorSet
 
 
@@ -46,6 +50,7 @@ class Provider:
     name = ""
     kind = "peer"  # "splitkv" or "peer"
     graphable = True
+    graph_note = "not graph-capturable"  # the row's note when graph timing is skipped for it
 
     def unavailable(self) -> str | None:
         return None
@@ -59,34 +64,69 @@ class Provider:
 
 # ---------------------------------------------------------------- splitkv
 class _SplitKVSession(Session):
+    """Plan reused: made once outside the timed region (graph rows: graph-safe, refreshed once)."""
+
     def __init__(self, backend: str, case: Case, graph: bool, num_splits: int | None):
         s, ts = case.shape, case.base
         bound = s.max_seqlen if graph else None
-        self.plan = make_plan(ts.cache_seqlens, s.num_q_heads, s.num_kv_heads, s.head_dim, q_len=s.q_len,
-                              num_splits=num_splits, max_seqlen=bound, backend=backend,
-                              paged=s.page_size is not None)
+        self.plan = splitkv.plan(ts.cache_seqlens, s.num_q_heads, s.num_kv_heads, s.head_dim, q_len=s.q_len,
+                                 num_splits=num_splits, max_seqlen=bound, backend=backend, paged=s.paged)
+        if graph:
+            self.plan.refresh(ts.cache_seqlens)  # once per step, as a server does before replaying
         self.backend, self.causal = backend, s.causal
         self.plan_text = self.plan.describe()
         self.note = "graph-safe plan" if graph else "plan made once, reused"
 
     def bind(self, ts: TensorSet):
         p, backend, causal = self.plan, self.backend, self.causal
-        return lambda: api.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, block_table=ts.block_table,
-                                  causal=causal, plan=p, backend=backend)
+        return lambda: splitkv.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, block_table=ts.block_table,
+                                      causal=causal, plan=p, backend=backend)
+
+
+class _SplitKVNoPlanSession(Session):
+    """No plan: `splitkv.decode(q, k, v, lens, backend=...)`, exactly what a new user calls; whatever
+    decode does to plan for itself is inside every timed call."""
+
+    note = "no plan: decode(q, k, v, lens) as a user calls it"
+
+    def __init__(self, backend: str, case: Case, num_splits: int | None):
+        s = case.shape
+        self.backend, self.causal, self.num_splits = backend, s.causal, num_splits
+        try:  # what decode would plan, for --explain (made here, never inside the timed calls)
+            p = splitkv.plan(case.base.cache_seqlens, s.num_q_heads, s.num_kv_heads, s.head_dim, q_len=s.q_len,
+                             num_splits=num_splits, backend=backend, paged=s.paged)
+            self.plan_text = "decode plans itself, like " + p.describe()
+        except Exception as exc:  # noqa: BLE001 - display only
+            self.plan_text = f"decode plans itself ({type(exc).__name__} describing it: {exc})"
+
+    def bind(self, ts: TensorSet):
+        backend, causal, n = self.backend, self.causal, self.num_splits
+        return lambda: splitkv.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, block_table=ts.block_table,
+                                      causal=causal, num_splits=n, backend=backend)
+
+
+NOPLAN = "-noplan"  # provider-name suffix of the no-plan mode: splitkv-<backend>-noplan
 
 
 class SplitKV(Provider):
-    """splitkv.decode with one backend. The plan is made once per row outside the timed region and
+    """splitkv.decode with one backend, in one of two calling modes.
+
+    plan mode (splitkv-<backend>): the plan is made once per row outside the timed region and
     reused by every call, as every layer of a real decode step reuses it: eager rows use an eager
-    plan (from the actual lengths), graph rows a graph-safe plan (max_seqlen = longest request)."""
+    plan (from the actual lengths), graph rows a graph-safe plan (max_seqlen = longest request,
+    refreshed once before capture).
+    no-plan mode (splitkv-<backend>-noplan): `decode(q, k, v, lens, backend=...)` with no plan,
+    the README's first example; eager rows only (decode without a plan is not capturable)."""
 
     kind = "splitkv"
 
-    def __init__(self, backend: str, num_splits: int | None = None):
-        self.backend, self.num_splits = backend, num_splits
-        self.name = f"splitkv-{backend}"
+    def __init__(self, backend: str, num_splits: int | None = None, noplan: bool = False):
+        self.backend, self.num_splits, self.noplan = backend, num_splits, noplan
+        self.name = f"splitkv-{backend}" + (NOPLAN if noplan else "")
         # the torch backend sizes its padded grid from device values on the host: not capturable
-        self.graphable = backend != "torch"
+        self.graphable = backend != "torch" and not noplan
+        self.graph_note = ("eager only: decode without a plan is not capturable (graph: splitkv-"
+                           f"{backend})" if noplan else "not graph-capturable")
 
     def unavailable(self) -> str | None:
         if self.backend == "cutlass" and not backends.cutlass_available():
@@ -103,6 +143,8 @@ class SplitKV(Provider):
         return None
 
     def session(self, case: Case, graph: bool) -> Session:
+        if self.noplan:
+            return _SplitKVNoPlanSession(self.backend, case, self.num_splits)
         return _SplitKVSession(self.backend, case, graph, self.num_splits)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .external import FlashAttn, FlashInfer, Flex
-from .providers import SDPA, Provider, SplitKV
+from .providers import NOPLAN, SDPA, Provider, SplitKV
 
 SPLITKV_BACKENDS = ("triton", "cutlass", "torch", "auto")  # auto: what decode(backend="auto") runs
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flashinfer", "flash-attn2", "flash-attn3")
@@ -17,13 +17,21 @@ def default_backends(device: torch.device) -> tuple[str, ...]:
     return ("triton", "cutlass") if device.type == "cuda" else ("torch",)
 
 
+def splitkv_names(backend: str) -> list[str]:
+    """The two calling modes of one backend: plan reused (eager + graph) and no plan (eager)."""
+    return [f"splitkv-{backend}", f"splitkv-{backend}{NOPLAN}"]
+
+
 def make(name: str, num_splits: int | None = None) -> Provider:
     if name.startswith("splitkv-"):
         backend = name[len("splitkv-"):]
+        noplan = backend.endswith(NOPLAN)
+        if noplan:
+            backend = backend[:-len(NOPLAN)]
         if backend not in SPLITKV_BACKENDS:
             raise ValueError(f"providers: unknown splitkv backend in {name!r}, "
-                             f"expected one of {SPLITKV_BACKENDS}")
-        return SplitKV(backend, num_splits)
+                             f"expected splitkv-<backend>[{NOPLAN}] with a backend of {SPLITKV_BACKENDS}")
+        return SplitKV(backend, num_splits, noplan=noplan)
     if name.startswith("sdpa-") and name[5:] in ("flash", "cudnn", "efficient"):
         return SDPA(name[5:])
     if name == "flashinfer":
@@ -32,21 +40,23 @@ def make(name: str, num_splits: int | None = None) -> Provider:
         return FlashAttn(int(name[-1]))
     if name == "flex":
         return Flex()
-    raise ValueError(f"providers: unknown provider {name!r}; expected splitkv-<backend>, one of "
+    raise ValueError(f"providers: unknown provider {name!r}; expected splitkv-<backend>[{NOPLAN}], one of "
                      f"{PEERS + OPT_IN}, or a group: splitkv, peers, all")
 
 
 def expand(spec: str | None, backends: tuple[str, ...]) -> list[str]:
-    """'splitkv,peers' (default) -> provider names; groups: splitkv, peers, all."""
+    """'splitkv,peers' (default) -> provider names; groups: splitkv (every backend in both calling
+    modes: splitkv-<b> and splitkv-<b>-noplan), peers, all."""
     out: list[str] = []
+    ours = [n for b in backends for n in splitkv_names(b)]
     for tok in (spec or "splitkv,peers").split(","):
         tok = tok.strip()
         if tok == "splitkv":
-            names = [f"splitkv-{b}" for b in backends]
+            names = ours
         elif tok == "peers":
             names = list(PEERS)
         elif tok == "all":
-            names = [f"splitkv-{b}" for b in backends] + list(PEERS) + list(OPT_IN)
+            names = ours + list(PEERS) + list(OPT_IN)
         elif tok:
             names = [tok]
         else:

@@ -24,7 +24,7 @@ ERR_WARN = 2e-2  # rel_err above this is flagged in the table (bf16 rows are ~1e
 FIELDS = (
     "shape", "provider", "kind", "status", "note", "dtype", "batch", "num_q_heads", "num_kv_heads",
     "head_dim", "q_len", "causal", "page_size", "seqlen_max", "seqlen_total", "bytes",
-    "eager_us", "eager_reps", "graph_us", "graph_calls", "graph_replays",
+    "eager_us", "eager_reps", "graph_us", "graph_calls", "graph_replays", "host_us", "host_calls",
     "eager_tbps", "graph_tbps", "eager_pct_sol", "graph_pct_sol",
     "eager_vs_best_peer", "graph_vs_best_peer", "best_peer_eager", "best_peer_graph",
     "max_abs_err", "rel_err", "graph_max_abs_err", "graph_rel_err", "err_scope", "plan", "graph_plan",
@@ -102,8 +102,11 @@ def collect_meta(device: torch.device, argv: list[str], sol_tbps: float) -> dict
         "git_commit": _run(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "--short",
                             "HEAD"]),
         "sol_tbps": sol_tbps, "command": "python -m splitkv bench " + " ".join(argv),
-        "timing": ("eager: median of L2-flushed reps (do_bench method), plan made once outside the "
-                   "timed region; graph: CUDA graph of N calls over rotating buffers > 256 MB, per call"),
+        "timing": ("eager: median of L2-flushed reps (do_bench method); splitkv-<backend> rows reuse a "
+                   "plan made outside the timed region, splitkv-<backend>-noplan rows call decode(q, k, v, "
+                   "lens) with no plan; graph: CUDA graph of N calls over rotating buffers > 256 MB, per "
+                   "call; host: CPU time per call of N calls issued back to back without synchronising "
+                   "(median of 3 loops)"),
         "byte_model": "K+V of valid positions + q + o (splitkv.bench.shapes.byte_model)",
     }
     if device.type == "cuda":
@@ -143,66 +146,77 @@ def headline_mode(rows: list[dict]) -> str:
     return "graph" if any(r["graph_us"] for r in rows) else "eager"
 
 
-def _cells(r: dict, mode: str) -> list[str]:
+# table columns after shape / dtype / provider (terminal and markdown)
+COLUMNS = ("eager µs", "eager TB/s", "eager × best peer", "graph µs", "graph TB/s", "graph × best peer",
+           "host µs/call", "max err")
+SHORT = {"eager × best peer": "eager ×peer", "graph × best peer": "graph ×peer", "eager TB/s": "eager TB/s",
+         "graph TB/s": "graph TB/s", "host µs/call": "host µs"}
+
+
+def _cells(r: dict) -> list[str]:
     if r["status"] != "ok":
-        return [r["status"]] + ["—"] * 5
+        return [r["status"]] + ["—"] * (len(COLUMNS) - 1)
     worst = _max_err(r)
     err = "nan" if worst != worst else _f(worst, ".1e")
-    return [_f(r["eager_us"], ".1f"), _f(r["graph_us"], ".1f"), _f(r[f"{mode}_tbps"], ".2f"),
-            _f(r[f"{mode}_pct_sol"], ".0f"), _f(r[f"{mode}_vs_best_peer"], ".2f"), err]
+    return [_f(r["eager_us"], ".1f"), _f(r["eager_tbps"], ".2f"), _f(r["eager_vs_best_peer"], ".2f"),
+            _f(r["graph_us"], ".1f"), _f(r["graph_tbps"], ".2f"), _f(r["graph_vs_best_peer"], ".2f"),
+            _f(r["host_us"], ".1f"), err]
 
 
 def write_markdown(path, meta: dict, skipped, rows: list[dict], sweep: list[dict] | None = None) -> None:
-    mode = headline_mode(rows)
     lines = [f"# splitkv bench — {meta['device']}", "",
              f"{meta['date']} · driver {meta['driver']} · CUDA {meta['cuda']} · torch {meta['torch']} · "
              f"triton {meta['triton']} · cutlass-dsl {meta['cutlass']} · flashinfer {meta['flashinfer']} · "
              f"splitkv {meta['splitkv']} ({meta['git_commit']})", "",
              f"Command: `{meta['command']}`", "", f"Timing: {meta['timing']}.", "",
-             f"Bytes: {meta['byte_model']}; SOL = {meta['sol_tbps']} TB/s. TB/s, %SOL and "
-             f"'× best peer' (best peer µs / this µs, > 1 = faster) use {mode} times.", ""]
+             f"Bytes: {meta['byte_model']}; SOL = {meta['sol_tbps']} TB/s (% of SOL in the JSON). "
+             "'× best peer' = the best peer's µs / this row's µs in the same mode (eager or graph), same "
+             "shape and dtype; > 1 = faster. splitkv-<backend>-noplan is `splitkv.decode(q, k, v, lens)` "
+             "with no plan (what a new user calls); splitkv-<backend> reuses one plan (eager) or a "
+             "graph-safe plan (graph). host µs/call: CPU time to issue one call (a call that reads "
+             "lengths on the host pays the GPU time there too).", ""]
     if skipped:
         lines += ["Skipped providers: " + "; ".join(f"{n} ({r})" for n, r in skipped), ""]
-    lines += ["| shape | dtype | provider | eager µs | graph µs | TB/s | %SOL | × best peer | max err | note "
-              "| reproduce |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = ("shape", "dtype", "provider") + COLUMNS + ("note", "reproduce")
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         note = r["note"] + (f" (err over {r['err_scope']})" if r["err_scope"] not in (None, "all") else "")
-        lines.append(f"| {r['shape']} | {r['dtype']} | {r['provider']} | " + " | ".join(_cells(r, mode))
+        lines.append(f"| {r['shape']} | {r['dtype']} | {r['provider']} | " + " | ".join(_cells(r))
                      + f" | {note.replace('|', '/')} | `{r['cmd']}` |")
     if sweep:
         lines += ["", "## num_splits sweep (the planner's report card)", "",
-                  "| shape | mode | planner splits | planner µs | best splits | best µs | regret % |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| shape | mode | planner splits | planner µs | best splits | best µs | regret % | reproduce |",
+                  "|---|---|---|---|---|---|---|---|"]
         for s in sweep:
             lines.append(f"| {s['shape']} | {s['mode']} | {s['planner_splits']} | "
                          f"{_f(s['planner_us'], '.1f')} | {s['best_splits']} | {_f(s['best_us'], '.1f')} | "
-                         f"{_f(s['regret_pct'], '.1f')} |")
+                         f"{_f(s['regret_pct'], '.1f')} | `{s['cmd']}` |")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + "\n")
 
 
 def print_table(console, rows: list[dict], skipped, explain: bool = False) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
-    mode = headline_mode(rows)
-    table = Table(title=f"splitkv bench (TB/s, %SOL, × best peer from {mode} times)", show_lines=False)
-    for col in ("shape", "dtype", "provider", "eager µs", "graph µs", "TB/s", "%SOL", "× peer",
-                "max err", "note"):
+    table = Table(title="splitkv bench (× peer: best peer µs / this µs, same mode; host: CPU µs per call)",
+                  show_lines=False)
+    for col in ("shape", "dtype", "provider") + tuple(SHORT.get(c, c) for c in COLUMNS) + ("note",):
         table.add_column(col, justify="left" if col in ("shape", "provider", "note", "dtype") else "right",
                          overflow="fold")
     last = None
     for r in rows:
-        cells = _cells(r, mode)
-        ratio = r[f"{mode}_vs_best_peer"]
-        if r["kind"] == "splitkv" and ratio is not None:
-            cells[4] = f"[{'green' if ratio >= 1 else 'red'}]{cells[4]}[/]"
+        cells = _cells(r)
+        for i, mode in ((2, "eager"), (5, "graph")):
+            ratio = r[f"{mode}_vs_best_peer"]
+            if r["kind"] == "splitkv" and ratio is not None and r["status"] == "ok":
+                cells[i] = f"[{'green' if ratio >= 1 else 'red'}]{cells[i]}[/]"
         if err_flag(r):
-            cells[5] = f"[red]{cells[5]}[/]"
+            cells[-1] = f"[red]{cells[-1]}[/]"
         name = r["shape"] if r["shape"] != last else ""
         last = r["shape"]
         prov = f"[bold]{r['provider']}[/]" if r["kind"] == "splitkv" else r["provider"]
-        table.add_row(name, r["dtype"], prov, *cells, r["note"] or "", end_section=False)
+        table.add_row(name, r["dtype"], prov, *cells, escape(r["note"] or ""), end_section=False)
     console.print(table)
     if skipped:
         console.print("skipped (not available here): " + "; ".join(f"{n} ({why})" for n, why in skipped))
@@ -211,8 +225,8 @@ def print_table(console, rows: list[dict], skipped, explain: bool = False) -> No
     if explain:
         for r in rows:
             if r["plan"] or r["graph_plan"]:
-                console.print(f"[bold]{r['shape']} {r['provider']}[/]\n  eager: {r['plan']}"
-                              f"\n  graph: {r['graph_plan']}\n  cmd:   {r['cmd']}", highlight=False)
+                console.print(f"[bold]{r['shape']} {r['provider']}[/]\n  eager: {escape(str(r['plan']))}"
+                              f"\n  graph: {escape(str(r['graph_plan']))}\n  cmd:   {r['cmd']}", highlight=False)
 
 
 def print_sweep(console, sweep: list[dict]) -> None:

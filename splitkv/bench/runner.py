@@ -1,6 +1,7 @@
 """The suite loop: for each shape build the inputs and the fp64 reference once, then for each
-provider check its output and time it eager and under CUDA-graph replay. One row per
-(shape, dtype, provider); failures of one provider become that row's status, never the run's."""
+provider check its output and time it eager (GPU time, L2 flushed), on the host (CPU time per call
+of a launch loop) and under CUDA-graph replay. One row per (shape, dtype, provider); failures of
+one provider become that row's status, never the run's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .check import build_reference
 from .inputs import build_case
 from .providers import is_rejection
 from .report import new_row
-from .timing import time_eager, time_graph
+from .timing import time_eager, time_graph, time_host
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -27,6 +28,7 @@ class Config:
     dtypes: tuple[str, ...] = ("bf16",)
     reps: int = 20
     graph: bool = True
+    host: bool = True
     num_splits: int | None = None
     seed: int = 0
 
@@ -38,6 +40,8 @@ def row_command(cfg: Config, shape, provider, dtype: str) -> str:
         cmd += " --device cpu"
     if not cfg.graph:
         cmd += " --no-graph"
+    if not cfg.host:
+        cmd += " --no-host"
     if cfg.num_splits is not None and provider.kind == "splitkv":
         cmd += f" --num-splits {cfg.num_splits}"
     return cmd
@@ -88,10 +92,15 @@ def measure(case, ref, provider, cfg: Config, dtype: str) -> dict:
     fn = session.bind(case.base)
     with session.context():
         row["eager_us"], row["eager_reps"] = time_eager(fn, case.device, cfg.reps)
+        if cfg.host:
+            try:
+                row["host_us"], row["host_calls"] = time_host(fn, case.device)
+            except Exception as exc:  # noqa: BLE001 - a host-loop failure is the row's note, not the run's
+                row["note"] = (row["note"] + "; " if row["note"] else "") + "host: " + _short(exc)
     session.close()
     if cfg.graph and case.device.type == "cuda":
         if not provider.graphable:
-            row["note"] = (row["note"] + "; " if row["note"] else "") + "not graph-capturable"
+            row["note"] = (row["note"] + "; " if row["note"] else "") + provider.graph_note
         else:
             _measure_graph(case, ref, provider, cfg, row)
     return row

@@ -4,12 +4,17 @@ Suites
   peers  the ../shared/PEERS.md grid: B 1/4/16/64 x L 4K/32K/128K x Hq/Hkv 32/32, 32/8, 64/8, D 128,
          minus the combinations whose K+V exceed KV_CAP_BYTES (the same cut PEERS.md made).
   full   (default) peers + paged page_size 16 (the FlashInfer rows of PEERS.md), Sq=4 causal
-         (speculative verify), two ragged batches (lengths spread 1K-128K, contiguous and paged) and
-         head-dim 64 / 256 spot checks.
+         (speculative verify), ragged batches (lengths spread geometrically 1K-128K, contiguous and
+         paged; evenly spaced 1K-128K, paged) and head-dim 64 / 256 spot checks.
+  headline  every shape PEERS.md gives a number for (its SDPA table: 14 contiguous shapes; its
+         FlashInfer table: 8 paged page_size 16 shapes; its graph-replay table is a subset of the
+         first) + the ragged batch B=16 with lengths evenly spaced 1K-128K, paged 16. The suite of
+         `bash benchmarks/gpu_run.sh bench` (eager no-plan / plan / graph vs the peers).
   quick  tiny shapes that run on a CPU in seconds (tests, smoke runs); same kinds of rows.
 
 Names are stable (rows are reproduced with `--shapes NAME`):
   b{B}-l{L}-h{Hq}x{Hkv}-d{D}[-sq{Sq}][-paged{page_size}], ragged: b{B}-ragged{Lmin}-{Lmax}-...
+  (geometric spread), b{B}-ragged{Lmin}-{Lmax}-lin-... (evenly spaced lengths)
 """
 
 from __future__ import annotations
@@ -79,15 +84,17 @@ def fmt_len(L: int) -> str:
 
 
 def make_shape(B: int, L, Hq: int, Hkv: int, D: int = 128, *, q_len: int = 1, page_size=None,
-               tags=()) -> Shape:
-    """One shape; L is an int (uniform batch) or a sequence of per-request lengths (ragged)."""
+               tags=(), spacing: str = "") -> Shape:
+    """One shape; L is an int (uniform batch) or a sequence of per-request lengths (ragged).
+    spacing: a suffix of the ragged length token ("lin" for evenly spaced lengths), keeping
+    names of batches with the same range distinct."""
     if isinstance(L, int):
         seqlens, length = (L,) * B, f"l{fmt_len(L)}"
     else:
         seqlens = tuple(int(x) for x in L)
         if len(seqlens) != B:
             raise ValueError(f"L: expected {B} lengths, got {len(seqlens)}")
-        length = f"ragged{fmt_len(min(seqlens))}-{fmt_len(max(seqlens))}"
+        length = f"ragged{fmt_len(min(seqlens))}-{fmt_len(max(seqlens))}" + (f"-{spacing}" if spacing else "")
     name = f"b{B}-{length}-h{Hq}x{Hkv}-d{D}"
     if q_len > 1:
         name += f"-sq{q_len}"
@@ -108,6 +115,14 @@ def spread_lengths(batch: int, lo: int, hi: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def linear_lengths(batch: int, lo: int, hi: int) -> tuple[int, ...]:
+    """`batch` lengths evenly spaced from lo to hi, truncated to ints: the same values as
+    torch.linspace(lo, hi, batch).int() (mostly partial last pages), in increasing order."""
+    if batch == 1:
+        return (hi,)
+    return tuple(lo + (hi - lo) * i // (batch - 1) for i in range(batch))
+
+
 GRID_HEADS = ((32, 32), (32, 8), (64, 8))
 GRID_BATCH = (1, 4, 16, 64)
 GRID_LEN = (4096, 32768, 131072)
@@ -124,17 +139,41 @@ def peers_suite() -> list[Shape]:
     return out
 
 
+# (B, L, Hq, Hkv) of PEERS.md's tables: SDPA flash / cuDNN (contiguous; the graph-replay table's
+# shapes are among them) and FlashInfer (paged, page_size 16)
+PEERS_MD_SDPA = ((1, 4096, 32, 32), (1, 32768, 32, 32), (1, 131072, 32, 32), (4, 32768, 32, 32),
+                 (16, 4096, 32, 32), (16, 32768, 32, 32), (64, 4096, 32, 32), (1, 4096, 32, 8),
+                 (1, 32768, 32, 8), (1, 131072, 32, 8), (4, 4096, 32, 8), (16, 131072, 32, 8),
+                 (64, 32768, 32, 8), (1, 4096, 64, 8))
+PEERS_MD_PAGED = ((1, 4096, 32, 8), (1, 32768, 32, 8), (1, 131072, 32, 8), (4, 32768, 32, 8),
+                  (16, 131072, 32, 8), (1, 4096, 32, 32), (1, 131072, 32, 32), (16, 32768, 32, 32))
+
+
+def ragged_linear_shape() -> Shape:
+    """B=16, lengths evenly spaced 1K..128K (torch.linspace(1024, 131072, 16).int()), GQA 32/8,
+    D 128, paged page_size 16: a serving batch of mixed lengths."""
+    return make_shape(16, linear_lengths(16, 1024, 131072), 32, 8, page_size=16, tags=("ragged", "paged"),
+                      spacing="lin")
+
+
+def paged_peer_shapes() -> list[Shape]:
+    # the FlashInfer rows of PEERS.md, so the paged peer is compared where it was measured
+    return [make_shape(B, L, Hq, Hkv, page_size=16, tags=("paged",)) for B, L, Hq, Hkv in PEERS_MD_PAGED]
+
+
+def headline_suite() -> list[Shape]:
+    out = [make_shape(B, L, Hq, Hkv, tags=("grid",)) for B, L, Hq, Hkv in PEERS_MD_SDPA]
+    return out + paged_peer_shapes() + [ragged_linear_shape()]
+
+
 def full_suite() -> list[Shape]:
-    out = peers_suite()
-    # paged: the FlashInfer rows of PEERS.md, so the paged peer is compared where it was measured
-    for B, L, Hq, Hkv in ((1, 4096, 32, 8), (1, 32768, 32, 8), (1, 131072, 32, 8), (4, 32768, 32, 8),
-                          (16, 131072, 32, 8), (1, 4096, 32, 32), (1, 131072, 32, 32), (16, 32768, 32, 32)):
-        out.append(make_shape(B, L, Hq, Hkv, page_size=16, tags=("paged",)))
+    out = peers_suite() + paged_peer_shapes()
     for B, L, Hq, Hkv in ((1, 32768, 32, 8), (16, 4096, 32, 8), (1, 131072, 64, 8)):
         out.append(make_shape(B, L, Hq, Hkv, q_len=4, tags=("spec",)))
     ragged = spread_lengths(16, 1024, 131072)
     out.append(make_shape(16, ragged, 32, 8, tags=("ragged",)))
     out.append(make_shape(16, ragged, 32, 8, page_size=16, tags=("ragged", "paged")))
+    out.append(ragged_linear_shape())
     for B, L, Hq, Hkv, D in ((1, 32768, 32, 8, 64), (16, 4096, 32, 32, 64), (1, 32768, 32, 8, 256),
                              (16, 4096, 32, 32, 256)):
         out.append(make_shape(B, L, Hq, Hkv, D, tags=("headdim",)))
@@ -146,10 +185,12 @@ def quick_suite() -> list[Shape]:
     out.append(make_shape(2, 300, 4, 1, 64, page_size=16, tags=("paged",)))
     out.append(make_shape(2, 200, 8, 2, 64, q_len=4, tags=("spec",)))
     out.append(make_shape(3, (17, 401, 130), 4, 1, 64, tags=("ragged",)))
+    out.append(make_shape(3, linear_lengths(3, 17, 401), 4, 1, 64, page_size=16, tags=("ragged", "paged"),
+                          spacing="lin"))
     return out
 
 
-SUITES = {"full": full_suite, "peers": peers_suite, "quick": quick_suite}
+SUITES = {"full": full_suite, "peers": peers_suite, "headline": headline_suite, "quick": quick_suite}
 
 # --num-splits sweep runs on these (globs): where the planner decides something (B x Hkv below the
 # SM count) and a wrong split count costs the most — small batch, GQA, long context.
@@ -158,7 +199,7 @@ SWEEP_DEFAULT = {
              "b1-l128k-h32x32-d128", "b1-l32k-h64x8-d128"),
     "quick": ("b1-l1k-h4x2-d64",),
 }
-SWEEP_DEFAULT["peers"] = SWEEP_DEFAULT["full"]
+SWEEP_DEFAULT["peers"] = SWEEP_DEFAULT["headline"] = SWEEP_DEFAULT["full"]
 
 
 def suite(name: str) -> list[Shape]:

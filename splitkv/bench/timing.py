@@ -8,6 +8,11 @@ MIN_REPS, at most the caller's cap). On a CPU the same loop runs with perf_count
 Graph: N calls are captured in one CUDA graph, cycling over rotating tensor sets whose total size
 exceeds the L2 several times (inputs.ROTATION_BYTES), so each call reads cold K/V without a flush;
 the graph is replayed and timed with CUDA events; per call = median replay time / N.
+
+Host: the CPU cost of issuing one call, as benchmarks/host_overhead.py measures it: N calls back to
+back without synchronising (the GPU queue absorbs their work), wall time of the loop / N, median of
+HOST_LOOPS loops. A call that synchronises internally (e.g. reads lengths on the host) shows up
+here as its full latency: that is what the caller's thread pays.
 """
 
 from __future__ import annotations
@@ -21,6 +26,12 @@ L2_FLUSH_BYTES = 256 * 2**20  # do_bench's cache-clearing buffer: 5x the H200's 
 TARGET_MS = 30.0  # time one measurement aims for; keeps the default suite within ~4 minutes
 MIN_REPS = 3
 MIN_GRAPH_CALLS = 4  # calls per graph when one rotation set alone exceeds ROTATION_BYTES
+HOST_TARGET_MS = 20.0  # wall time one host loop aims for
+HOST_MIN_CALLS = 10
+# Queued calls are capped: past ~1000 pending kernel launches the CUDA queue blocks the host, and
+# the loop would measure GPU time instead of launch cost (a call is 1-4 launches here).
+HOST_MAX_CALLS = 100
+HOST_LOOPS = 3
 
 _FLUSH: dict[int | None, torch.Tensor] = {}
 
@@ -70,6 +81,38 @@ def time_eager(fn, device: torch.device, reps: int) -> tuple[float, int]:
         ends[i].record()
     torch.cuda.synchronize(device)
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) * 1e3, n
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_host(fn, device: torch.device, calls: int | None = None, loops: int = HOST_LOOPS) -> tuple[float, int]:
+    """(median host us per call, calls per loop): wall time of `calls` back-to-back fn() without a
+    synchronisation in between, / calls. The queue is drained (synchronised) before each loop and
+    after the last one, outside the timed region. calls=None: sized so one loop takes about
+    HOST_TARGET_MS, within [HOST_MIN_CALLS, HOST_MAX_CALLS] (on a CPU, where the call is the
+    work, at least 2)."""
+    fn()
+    _sync(device)
+    if calls is None:
+        t0 = time.perf_counter()
+        fn()
+        fn()
+        est_ms = (time.perf_counter() - t0) / 2 * 1e3
+        _sync(device)
+        lo = HOST_MIN_CALLS if device.type == "cuda" else 2
+        calls = max(lo, min(HOST_MAX_CALLS, int(HOST_TARGET_MS / max(est_ms, 1e-3))))
+    samples = []
+    for _ in range(max(loops, 1)):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    _sync(device)
+    return statistics.median(samples), calls
 
 
 def graph_calls(rotation: int) -> int:

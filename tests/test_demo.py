@@ -1,0 +1,27 @@
+"""`python -m splitkv demo` on the CPU: the table a user sees (eager, no plan; graph and cuDNN columns
+are GPU-only) and its check against the reference. CI also runs the full demo."""
+
+import torch
+
+from splitkv import demo
+
+
+def test_measure_case_checks_against_the_reference():
+    rows, ok, notes = demo.measure_case(1, 4, 2, 64, 300, torch.bfloat16, ["torch"], torch.device("cpu"))
+    assert ok and not notes
+    (row,) = rows
+    assert row[0] == "torch" and row[4] == "300" and row[-1].endswith("ok[/]")
+    assert row[6] != "—" and "(" in row[6]  # eager µs (bandwidth)
+    assert row[7:10] == ["—", "—", "—"]  # graph and cuDNN columns: GPU only
+
+
+def test_demo_main_prints_the_columns(monkeypatch, capsys):
+    monkeypatch.setattr(demo, "_cases", lambda device: [(1, 4, 2, 64, 256, torch.bfloat16, ["torch"])])
+    import splitkv.demo_llama
+
+    monkeypatch.setattr(splitkv.demo_llama, "run", lambda console, device: True)
+    assert demo.main([]) == 0
+    out = capsys.readouterr().out
+    for col in ("eager, no plan", "graph µs", "cuDNN eager", "cuDNN graph"):
+        assert col in out
+    assert "all results match the reference" in out
