@@ -7,9 +7,14 @@ Split rule — FlashInfer-style chunk length, chosen over FA3-style per-batch nu
   * one chunk length for the whole batch gives each request ceil(L_b / chunk) splits, so long
     requests get more splits than short ones and every block streams at most `chunk` keys: a
     ragged batch is balanced by construction (no block waits on a 128K request's single split);
-  * the per-request rule is one integer division, written once (`splits_for_lengths`) and run on
-    host ints or on device tensors — the same rule drives eager plans and CUDA-graph plans whose
-    lengths change on the GPU between replays.
+  * the per-request rule is a handful of integer operations over the lengths, cheap enough to run
+    on the GPU in one tiny kernel before the split kernel. So the host decides only what shapes
+    decide (`split_rule`: grid bound, targets) and the lengths never travel to the host: no sync,
+    and a plain decode call can be captured in a CUDA graph. `schedule` is the rule in PyTorch
+    (the CPU path and the specification the GPU kernel is tested against).
+Why not stream-K (equal key tiles per CTA across requests, a CTA spanning two requests): it needs
+a CTA to write partials for two requests and a combine that knows the split map; the chunk rule
+with a ragged re-plan (BALANCE) keeps every CTA inside one request with max/mean work <= 1.25.
 """
 
 from __future__ import annotations
@@ -127,52 +132,124 @@ def query_tiles(rows: int, block_m: int) -> int:
     return cdiv(rows, block_m)
 
 
-def _blocks(tiles: list[int], chunk_tiles: int, per_split: int) -> int:
-    return sum(max(1, cdiv(t, chunk_tiles)) for t in tiles) * per_split
+# A ragged batch planned for one wave can leave the longest request's CTAs far above the mean (short
+# requests still take a whole CTA each): when the largest CTA would stream more than BALANCE x the
+# mean CTA's keys, the schedule re-plans for RAGGED_SPLITS_PER_REQUEST x batch CTAs per (KV head,
+# m-tile) group instead. Then the ceil rounding costs at most one CTA per request: max / mean <=
+# 1 + batch / CTAs = 1 + 1 / RAGGED_SPLITS_PER_REQUEST = 1.25, and the GPU's block scheduler packs
+# the several waves. Uniform batches never trigger it (their one-wave plan is balanced).
+# The grid's split dimension must cover that re-plan, and every CTA past a request's split count
+# still launches and exits (a 70 KB shared-memory CTA: ~1 us per wave of them). So when batch x
+# groups already fills the GPU (uniform batches then run unsplit), the grid keeps only
+# FULL_GRID_MAX_SPLITS splits: enough to cut a ragged batch's longest requests into a few CTAs.
+BALANCE = 1.25
+RAGGED_SPLITS_PER_REQUEST = 4
+
+# Batch-invariant mode: every request is cut into chunks of this many keys, whatever else is in the
+# batch, so its result is bitwise the same in any batch. 2048 keys is 8 tiles of 256 (MIN_CHUNK_KEYS
+# x 8): a 128K request gets 64 splits per KV head (at B=1 GQA 32/8: 512 CTAs, ~4 waves of 132 SMs),
+# a 4K request 2 — short requests pay for it: they split less than the balanced rule would.
+BATCH_INVARIANT_CHUNK_KEYS = 2048
+FULL_GRID_MAX_SPLITS = 4
 
 
-def choose_chunk_len(seqlens: list[int], *, num_kv_heads: int, m_tiles: int, block_n: int,
-                     num_sms: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
-    """Keys per split (a multiple of block_n) for the whole batch; >= max(seqlens) means no split.
+@dataclass(frozen=True)
+class SplitRule:
+    """What the split scheduler needs, decided on the host from shapes and the length bound alone.
 
-    * No split when batch x KV heads x query tiles already fills the GPU (>= num_sms blocks):
-      splitting then only adds partial traffic and a combine launch.
-    * No split when the longest request has fewer than 2 x MIN_CHUNK_KEYS keys.
-    * Otherwise the smallest chunk (>= MIN_CHUNK_KEYS, <= MAX_SPLITS splits per request) whose
-      total block count stays within blocks_per_sm waves (BLOCKS_PER_SM, or the cutlass target).
+    The per-request split counts and chunk lengths are then computed from the actual lengths, on the
+    device (backends/triton/schedule_kernel.py) or on the host for CPU tensors (`schedule`): the
+    same rule, so eager calls, plans reused across layers and CUDA-graph replays balance alike.
+    mode: "auto" (balanced chunk length from the actual total work), "forced" (num_splits given),
+    "fixed" (batch-invariant: a fixed chunk length).
     """
-    tiles = [cdiv(max(L, 0), block_n) for L in seqlens] or [0]
-    longest = max(tiles)
-    no_split = max(longest, 1) * block_n
-    per_split = num_kv_heads * m_tiles
-    if len(seqlens) * per_split >= num_sms or longest * block_n < 2 * MIN_CHUNK_KEYS:
-        return no_split
-    lo = max(cdiv(MIN_CHUNK_KEYS, block_n), cdiv(longest, MAX_SPLITS))
-    hi = longest
-    target = num_sms * blocks_per_sm
-    while lo < hi:  # smallest chunk whose block count fits the target (count is monotone in chunk)
+
+    mode: str
+    block_n: int
+    max_splits: int  # S, the grid's split dimension: no request gets more
+    splits: int = 0  # forced: the split count
+    chunk_tiles: int = 0  # fixed: the chunk, in block_n tiles
+    target: int = 0  # auto: CTAs per (KV head x m-tile) group that fill the GPU once
+    ragged_target: int = 0  # auto: the same for an unbalanced batch (see BALANCE)
+    min_tiles: int = 1  # auto: the shortest chunk, in tiles (MIN_CHUNK_KEYS)
+    short_keys: int = 2 * MIN_CHUNK_KEYS  # auto: no split when the longest request is shorter
+    cap: int = MAX_SPLITS  # auto: chunks of at least longest / cap
+    balance: float = BALANCE  # auto: the ragged re-plan's trigger
+
+
+def split_rule(*, batch: int, groups_per_request: int, block_n: int, max_seqlen: int, num_sms: int,
+               blocks_per_sm: int = BLOCKS_PER_SM, num_splits: int | None = None,
+               batch_invariant: bool = False) -> SplitRule:
+    """The scheduler's parameters for a batch whose lengths are at most max_seqlen.
+
+    groups_per_request = KV heads x query tiles (one CTA each per split).
+    * forced: num_splits splits, bounded by what a row can use (one tile of keys per split);
+    * batch-invariant: chunks of BATCH_INVARIANT_CHUNK_KEYS, at most MAX_SPLITS;
+    * auto: no split when the bound is under 2 x MIN_CHUNK_KEYS; otherwise the device picks the
+      smallest chunk (>= MIN_CHUNK_KEYS, <= MAX_SPLITS per request) that keeps the CTAs within one
+      wave of blocks_per_sm per SM (no split when batch x groups already fills it), re-planning a
+      ragged batch for more CTAs (BALANCE); the grid's split dimension covers that.
+    """
+    bound_tiles = max(cdiv(max(max_seqlen, 1), block_n), 1)
+    if num_splits is not None:
+        s = max(1, min(num_splits, bound_tiles))
+        return SplitRule("forced", block_n, s, splits=s)
+    if batch_invariant:
+        chunk = max(1, BATCH_INVARIANT_CHUNK_KEYS // block_n)
+        return SplitRule("fixed", block_n, min(MAX_SPLITS, cdiv(bound_tiles, chunk)), chunk_tiles=chunk)
+    min_tiles = cdiv(MIN_CHUNK_KEYS, block_n)
+    if bound_tiles * block_n < 2 * MIN_CHUNK_KEYS:
+        return SplitRule("auto", block_n, 1, min_tiles=min_tiles)
+    target = max(1, num_sms * blocks_per_sm // groups_per_request)
+    ragged = max(target, RAGGED_SPLITS_PER_REQUEST * batch)
+    grid = ragged if batch * groups_per_request < num_sms else FULL_GRID_MAX_SPLITS
+    s = max(1, min(MAX_SPLITS, cdiv(bound_tiles, min_tiles), grid))
+    return SplitRule("auto", block_n, s, target=target, ragged_target=ragged, min_tiles=min_tiles)
+
+
+def _splits(tiles: torch.Tensor, chunk: int) -> torch.Tensor:
+    return torch.div(tiles + (chunk - 1), chunk, rounding_mode="floor").clamp_(min=1)
+
+
+def _search(tiles: torch.Tensor, lo: int, hi: int, target: int) -> int:
+    """Smallest chunk (tiles) in [lo, hi] whose total split count is <= target (hi if none)."""
+    while lo < hi:  # the count is monotone in the chunk
         mid = (lo + hi) // 2
-        if _blocks(tiles, mid, per_split) <= target:
+        if int(_splits(tiles, mid).sum()) <= target:
             hi = mid
         else:
             lo = mid + 1
-    return lo * block_n
+    return lo
 
 
-def splits_for_lengths(seqlens, chunk_len: int, max_splits: int | None = None):
-    """num_splits per request = ceil(L / chunk_len), at least 1 (an empty request has one empty
-    split, which writes o = 0, lse = -inf). Works on a list of ints or an int tensor."""
-    if isinstance(seqlens, torch.Tensor):
-        n = torch.div(seqlens + (chunk_len - 1), chunk_len, rounding_mode="floor").clamp_(min=1)
-        return n.clamp_(max=max_splits) if max_splits is not None else n
-    n = [max(1, cdiv(int(L), chunk_len)) for L in seqlens]
-    return [min(x, max_splits) for x in n] if max_splits is not None else n
+def schedule(seqlens: torch.Tensor, rule: SplitRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num_splits [B], chunk_lens [B]) int32 for these lengths: the rule in plain PyTorch.
 
-
-def forced_chunk_lens(seqlens: list[int], num_splits: int, block_n: int) -> list[int]:
-    """Chunk length per request when the caller forces num_splits: the request's keys cut into
-    num_splits equal, block_n-aligned chunks (trailing chunks may be empty: lse = -inf)."""
-    return [max(1, cdiv(cdiv(max(L, 0), num_splits), block_n)) * block_n for L in seqlens]
+    This is the specification; backends/triton/schedule_kernel.py computes the same on the GPU
+    (tests check both agree). Split s of request b covers keys [s * chunk_b, (s + 1) * chunk_b), the
+    last one running on to L_b; chunks are block_n-aligned and equal within a request (its keys cut
+    into num_splits equal parts), so no CTA streams more than its chunk.
+    """
+    bn = rule.block_n
+    tiles = torch.div(seqlens.long().clamp(min=0) + (bn - 1), bn, rounding_mode="floor")
+    if rule.mode == "forced":
+        n = torch.full_like(tiles, rule.splits)
+        return n.int(), (torch.div(tiles + n - 1, n, rounding_mode="floor").clamp_(min=1) * bn).int()
+    if rule.mode == "fixed":
+        n = _splits(tiles, rule.chunk_tiles).clamp_(max=rule.max_splits)
+    elif rule.max_splits == 1 or tiles.numel() == 0 or int(tiles.max()) * bn < rule.short_keys:
+        n = torch.ones_like(tiles)
+    else:
+        longest = int(tiles.max())
+        lo = max(rule.min_tiles, cdiv(longest, rule.cap))
+        n = _splits(tiles, _search(tiles, lo, max(lo, longest), rule.target))
+        worst = int(torch.div(tiles + n - 1, n, rounding_mode="floor").max())
+        if rule.ragged_target > rule.target and worst * int(n.sum()) > rule.balance * int(tiles.sum()):
+            n = _splits(tiles, _search(tiles, lo, max(lo, longest), rule.ragged_target))
+        n = n.clamp_(max=rule.max_splits)
+    chunk = torch.div(tiles + n - 1, n, rounding_mode="floor").clamp_(min=1)
+    n = torch.div(tiles + chunk - 1, chunk, rounding_mode="floor").clamp_(min=1)  # no empty trailing split
+    return n.int(), (chunk * bn).int()
 
 
 # Append kernel tile: a program holds BLOCK_H x BLOCK_D fp32 values of K (plus the RoPE partner):

@@ -9,18 +9,10 @@ and no host read of cache_seqlens inside the traced graph.
     splitkv::append   (k_pool!, v_pool!, k, v, pages, starts, ntok, cos?, sin?, neox, backend)
                        -> ()   (PagedKVCache's device write; pools mutated in place)
 
-With the Triton / CUTLASS backends the decode op always plans for the cache's capacity (a
-graph-safe plan: chunk length and grid fixed from Lmax, or max_pages * page_size when paged; the
-per-request split counts computed on the device). Two reasons:
-  * no host read of cache_seqlens, so a compiled step never synchronises on it;
-  * mode="reduce-overhead": cudagraph trees run the step eagerly (warm-up) before capturing it,
-    and a Triton kernel must be compiled and loaded before a capture (cuModuleLoadData is not
-    permitted while a stream captures). A plan that depends only on shapes launches the very
-    kernel variants in warm-up that the capture records, and the captured graph stays right when
-    lengths change between replays.
-A forced num_splits then splits the capacity (chunk = ceil(capacity / num_splits)), so a request
-shorter than the capacity may use fewer splits than in eager decode; results agree to rounding.
-With the torch backend (the CPU) the op plans from the actual lengths, as eager decode does.
+decode_op runs the eager path (splitkv.execute), which never reads cache_seqlens on the host: its
+plan is sized for the cache's capacity (Lmax, or max_pages * page_size) and the split table is
+computed on the device. So a compiled step never synchronises on the lengths, and with
+mode="reduce-overhead" the warm-up call compiles the very kernel variants the capture records.
 """
 
 from __future__ import annotations
@@ -29,37 +21,21 @@ import torch
 from torch import Tensor
 
 from . import backends
-
-
-def _capacity(k_cache: Tensor, block_table: Tensor | None) -> int:
-    """Most keys a request can address: the bound a graph-safe plan is built for."""
-    if block_table is None:
-        return max(int(k_cache.shape[1]), 1)
-    return max(int(block_table.shape[1]) * int(k_cache.shape[1]), 1)
+from .execute import decode_eager
 
 
 @torch.library.custom_op("splitkv::decode", mutates_args=())
 def decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None,
               causal: bool, softmax_scale: float | None, num_splits: int | None,
-              backend: str) -> tuple[Tensor, Tensor]:
-    from .api import decode_eager
-    from .plan import build_plan
-
-    plan = None
-    if backends.resolve(backend, q.device) != "torch":
-        B, Sq, Hq, D = q.shape
-        # cache_seqlens= refreshes the split counts on the device (in place, capturable)
-        plan = build_plan(None, cache_seqlens=cache_seqlens, batch=B, num_q_heads=Hq,
-                          num_kv_heads=k_cache.shape[2], head_dim=D, q_len=Sq, device=q.device,
-                          num_splits=num_splits, max_seqlen=_capacity(k_cache, block_table),
-                          target=backends.plan_target(backend, q.device), paged=block_table is not None)
+              backend: str, batch_invariant: bool = False) -> tuple[Tensor, Tensor]:
     return decode_eager(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
-                        softmax_scale=softmax_scale, num_splits=num_splits, return_lse=True, plan=plan,
-                        backend=backend)
+                        softmax_scale=softmax_scale, num_splits=num_splits, return_lse=True, backend=backend,
+                        batch_invariant=batch_invariant)
 
 
 @decode_op.register_fake
-def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, backend):
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, backend,
+                 batch_invariant=False):
     B, Sq, Hq, _ = q.shape
     o = q.new_empty(q.shape)  # contiguous, as decode_eager allocates it
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32)

@@ -1,190 +1,241 @@
-"""DecodePlan: the split table every backend executes.
+"""DecodePlan: the one object that decides what a decode call runs.
 
-A plan fixes, for one batch shape: the tile config, the grid's split dimension (`max_splits`) and
-the workspace; and holds per-request device tensors `num_splits[B]` and `chunk_lens[B]` (keys per
-split). Split s of request b covers keys [s * chunk_lens[b], min((s+1) * chunk_lens[b], L_b)),
-except the last split (s = num_splits[b] - 1), which runs on to L_b: a graph-safe plan whose
-lengths outgrow its bound stays correct (its last split just gets longer).
-Kernels read these tensors; they decide nothing about splitting.
+A plan is built once from the problem's shapes (validate.Problem, or plan()'s arguments) and a bound
+on the lengths, and then only launches. It fixes: the backend (`auto` fully resolved), the kernel
+tile of that backend (heuristics), the split rule and the grid's split dimension (`max_splits`),
+fuse/no-fuse of the merge, the workspace and the merge counters. It holds one device tensor per
+step, `sched` (int32 [2, B]: num_splits and chunk_lens per request), written by `refresh` from the
+actual lengths ON THE DEVICE (backends/triton/schedule_kernel.py; heuristics.schedule on the CPU):
+no host read of cache_seqlens, so every plan is CUDA-graph safe and balances a ragged batch from its
+actual lengths, eager or replayed.
 
-Two kinds of plan:
-  * eager (`max_seqlen=None`): built from the actual lengths on the host (one device->host read
-    of cache_seqlens), reused by every layer of the step;
-  * graph-safe (`max_seqlen=N`): chunk length and grid fixed from the upper bound N; at each call
-    `refresh(cache_seqlens)` recomputes num_splits on the device with in-place ops, so the launch
-    can be captured in a CUDA graph and replayed after lengths change.
+Split s of request b covers keys [s * chunk_lens[b], min((s+1) * chunk_lens[b], L_b)); the last
+split (s = num_splits[b] - 1) runs on to L_b, so a stale table (lengths changed, refresh not called)
+costs balance, never correctness. Kernels read these tensors; they decide nothing about splitting.
+
+A plan, its workspace and its counters belong to one stream at a time (decode() without a plan keeps
+one plan per input signature and stream, or per thread on the CPU).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from . import backends, validate
 from . import heuristics as H
 from . import workspace as W
-from .backends import plan_target
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def device_num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_num_sms(device.index if device.index is not None else torch.cuda.current_device())
     return H.CPU_NUM_SMS
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class DecodePlan:
     batch: int
     num_q_heads: int
     num_kv_heads: int
     head_dim: int
     q_len: int
+    dtype: torch.dtype | None  # None: fp16 or bf16 (plan() without dtype=)
+    paged: bool
+    max_seqlen: int  # the length bound the grid is sized for
     device: torch.device
-    tile: H.TileConfig
+    backend: str  # "torch" | "triton" | "cutlass", resolved
+    auto: bool  # the backend was chosen by backend="auto"
+    tile: H.TileConfig  # of that backend; num_stages as launched (paged extra stages included)
     m_tiles: int
-    max_splits: int  # split dimension of the grid; workspace is sized to it
-    max_chunk_len: int  # longest chunk (keys) of any split: bounds the torch backend's padding
-    num_splits: torch.Tensor  # int32 [B] on device
-    chunk_lens: torch.Tensor  # int32 [B] on device
-    num_splits_host: list[int] | None = None  # None for graph-safe plans (lengths live on GPU)
-    graph_safe: bool = False
-    chunk_len: int | None = None  # the batch-wide chunk of auto plans (None when forced)
-    forced: int | None = None
-    target: str = "triton"  # the backend the split count was sized for (heuristics.blocks_per_sm)
-    paged: bool = False  # ... and the cache layout
-    _own_ws: torch.Tensor | None = field(default=None, repr=False)
-    # int32 [B * Hkv * m_tiles] arrival counters of the fused combine, zero between launches;
-    # allocated in __post_init__ whenever the plan splits
-    counters: torch.Tensor | None = field(default=None, repr=False)
-    _parts: tuple = field(default=(None, None, None), repr=False)  # (buffer, o_part, lse_part)
+    rule: H.SplitRule
+    fuse: bool  # the split kernel merges the splits itself (no combine launch)
+    batch_invariant: bool
+    sched: torch.Tensor  # int32 [2, >= B] on device: num_splits, chunk_lens
+    counters: torch.Tensor | None  # int32 arrival counters of the fused merge, zero between launches
+    o_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq, D], None when no request can split
+    lse_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq]
+    lse_scratch: torch.Tensor  # fp32 [B, Hq, Sq]: the lse of calls that do not return it
 
-    def __post_init__(self):
-        if self.max_splits > 1 and self.counters is None:
-            self.counters = torch.zeros(self.batch * self.num_kv_heads * self.m_tiles, dtype=torch.int32,
-                                        device=self.device)
+    @property
+    def max_splits(self) -> int:
+        return self.rule.max_splits
+
+    @property
+    def num_splits(self) -> torch.Tensor:
+        return self.sched[0, : self.batch]
+
+    @property
+    def chunk_lens(self) -> torch.Tensor:
+        return self.sched[1, : self.batch]
+
+    @property
+    def forced(self) -> int | None:
+        return self.rule.splits if self.rule.mode == "forced" else None
+
+    @property
+    def graph_safe(self) -> bool:
+        """Every plan is: its split table is computed on the device."""
+        return True
 
     @property
     def qhead_per_kvhead(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
-    @functools.cached_property
-    def workspace_layout(self):
-        """(o_shape, lse_shape, nbytes) of this plan's partials."""
-        return W.partial_sizes(self.max_splits, self.batch, self.num_q_heads, self.q_len, self.head_dim)
-
     def partials(self):
-        """(o_part, lse_part) workspace views, or (None, None) when no request splits."""
-        if self.max_splits == 1:
-            return None, None
-        o_shape, lse_shape, nbytes = self.workspace_layout
-        buf = self._own_ws if self._own_ws is not None else W.shared_buffer(nbytes, self.device)
-        if self._parts[0] is not buf:  # carve once per buffer: views cost host time on every call
-            self._parts = (buf, *W.carve(buf, o_shape, lse_shape))
-        return self._parts[1], self._parts[2]
+        """(o_part, lse_part) workspace views, or (None, None) when no request can split."""
+        return self.o_part, self.lse_part
 
     def refresh(self, cache_seqlens: torch.Tensor) -> None:
-        """Graph-safe plans: recompute num_splits from device lengths, in place (capturable).
+        """Recompute the split table from these lengths, on their device (capturable, no sync).
 
-        Call once per decode step (not per layer). Results never depend on it: a split whose
-        chunk starts past the request's length is empty (lse = -inf), and the last split always
-        runs on to the length, so stale counts only cost balance, not correctness."""
-        if not self.graph_safe:
-            return
-        n = self.num_splits
-        torch.add(cache_seqlens, self.chunk_len - 1, out=n)
-        n.div_(self.chunk_len, rounding_mode="floor").clamp_(1, self.max_splits)
+        decode() without a plan does this at every call; with a plan, call it once per step (the
+        plan() call did it for the lengths it was given). Results never depend on it: a stale table
+        only costs balance."""
+        if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
+            raise ValueError("cache_seqlens: expected a 1-D int32 tensor [B]")
+        if cache_seqlens.shape[0] != self.batch or cache_seqlens.dtype != torch.int32:
+            raise ValueError(f"cache_seqlens: the plan is for int32 [{self.batch}], got "
+                             f"{cache_seqlens.dtype} {list(cache_seqlens.shape)}")
+        if cache_seqlens.device != self.device:
+            raise ValueError(f"cache_seqlens: on {cache_seqlens.device}, the plan is for {self.device}")
+        self.schedule(cache_seqlens)
 
-    def check_matches(self, prob, device: torch.device) -> None:
-        got = (prob.batch, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len)
+    def schedule(self, cache_seqlens: torch.Tensor) -> None:
+        """refresh() without the checks (decode has validated the lengths)."""
+        if self.rule.max_splits == 1:
+            return  # sched was filled once: one split per request, whatever the lengths
+        if self.device.type == "cuda" and backends.triton_available():
+            from .backends.triton.launch import schedule
+
+            schedule(cache_seqlens, self.sched, self.rule)
+        else:
+            n, chunk = H.schedule(cache_seqlens, self.rule)
+            self.sched[0, : self.batch].copy_(n)
+            self.sched[1, : self.batch].copy_(chunk)
+
+    def check_call(self, prob: validate.Problem, backend: str, device: torch.device) -> None:
+        """The call must be the problem the plan was made for; each mismatch is named."""
         want = (self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len)
+        got = (prob.batch, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len)
         if got != want:
             raise ValueError(f"plan: made for (B, Hq, Hkv, D, Sq) = {want}, but the inputs have {got}")
-        same_index = device.index is None or self.device.index is None or device.index == self.device.index
-        if device.type != self.device.type or not same_index:
+        if device != self.device:
             raise ValueError(f"plan: made for {self.device}, but the inputs are on {device}")
+        if self.dtype is not None and prob.dtype != self.dtype:
+            raise ValueError(f"plan: made for {self.dtype}, but q is {prob.dtype}")
+        if self.backend != "torch" and prob.dtype not in validate.LOW_DTYPES:
+            raise ValueError(f"plan: runs backend {self.backend!r}, which takes float16 or bfloat16, got {prob.dtype}")
+        if (prob.page_size is not None) != self.paged:
+            what = ("a paged cache (block_table)", "a contiguous cache (no block_table)")
+            raise ValueError(f"plan: made for {what[not self.paged]}, but the call passes {what[self.paged]}; "
+                             f"make it with splitkv.plan(..., paged={prob.page_size is not None})")
+        if backend not in ("auto", self.backend):
+            raise ValueError(f"plan: made for backend {self.backend!r}, but the call asks for {backend!r}; "
+                             f"make it with splitkv.plan(..., backend={backend!r})")
 
     def describe(self) -> str:
-        splits = self.num_splits_host if self.num_splits_host is not None else "on device"
-        mode = "graph-safe" if self.graph_safe else ("forced" if self.forced else "auto")
-        return (f"DecodePlan[{mode}] B={self.batch} Hq/Hkv={self.num_q_heads}/{self.num_kv_heads} "
-                f"D={self.head_dim} Sq={self.q_len} tile={self.tile} m_tiles={self.m_tiles} "
-                f"chunk={self.chunk_len} max_splits={self.max_splits} num_splits={splits} "
-                f"for={self.target}{'/paged' if self.paged else ''}")
+        r = self.rule
+        how = {"auto": f"balanced on device, <= {r.target} CTAs/group (ragged {r.ragged_target})",
+               "forced": f"forced {r.splits}", "fixed": f"batch-invariant chunk {r.chunk_tiles * r.block_n}"}[r.mode]
+        return (f"DecodePlan[{self.backend}{'(auto)' if self.auto else ''}] B={self.batch} "
+                f"Hq/Hkv={self.num_q_heads}/{self.num_kv_heads} D={self.head_dim} Sq={self.q_len} "
+                f"{'paged' if self.paged else 'contiguous'} max_seqlen={self.max_seqlen} tile={self.tile} "
+                f"m_tiles={self.m_tiles} max_splits={self.max_splits} ({how}) fuse={self.fuse}")
 
 
-def build_plan(lengths: list[int] | None, *, cache_seqlens: torch.Tensor | None = None, batch: int,
-               num_q_heads: int, num_kv_heads: int,
-               head_dim: int, q_len: int, device, num_splits: int | None = None,
-               max_seqlen: int | None = None, num_sms: int | None = None, target: str = "triton",
-               paged: bool = False) -> DecodePlan:
-    """target / paged: the backend (backends.plan_target) and cache layout that will run the plan:
-    they set the planner's block target (heuristics.blocks_per_sm)."""
-    device = torch.device(device)
-    bps = H.blocks_per_sm(target, paged)
-    rows = (num_q_heads // num_kv_heads) * q_len
-    tile = H.tile_config(head_dim, rows)
+def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, num_sms) -> tuple:
+    """(tile, m_tiles, rule) of `backend` for this problem."""
+    rows = prob.qhead_per_kvhead * prob.q_len
+    tile = H.tile_config(prob.head_dim, rows)  # the split tile: its block_n sizes the rule
     m_tiles = H.query_tiles(rows, tile.block_m)
-    sms = num_sms if num_sms is not None else device_num_sms(device)
-    graph_safe = max_seqlen is not None
-    if graph_safe:
-        bound = [max_seqlen] * batch
-        chunk = (max(H.cdiv(max_seqlen, num_splits), 1) if num_splits else
-                 H.choose_chunk_len(bound, num_kv_heads=num_kv_heads, m_tiles=m_tiles,
-                                    block_n=tile.block_n, num_sms=sms, blocks_per_sm=bps))
-        max_splits = H.splits_for_lengths([max_seqlen], chunk)[0]
-        tile = H.tile_config(head_dim, rows, splitting=max_splits > 1)
-        plan = DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
-                          max_splits, chunk, torch.ones(batch, dtype=torch.int32, device=device),
-                          torch.full((batch,), chunk, dtype=torch.int32, device=device),
-                          graph_safe=True, chunk_len=chunk, forced=num_splits, target=target, paged=paged)
-        if cache_seqlens is not None:
-            plan.refresh(cache_seqlens)
-        if max_splits > 1:
-            plan._own_ws = W.allocate(plan.workspace_layout[2], device)
-        return plan
-    if num_splits is not None:
-        chunks = H.forced_chunk_lens(lengths, num_splits, tile.block_n)
-        splits, chunk = [num_splits] * batch, None
+    rule = H.split_rule(batch=prob.batch, groups_per_request=prob.num_kv_heads * m_tiles, block_n=tile.block_n,
+                        max_seqlen=prob.max_seqlen, num_sms=num_sms,
+                        blocks_per_sm=H.blocks_per_sm(backend, prob.page_size is not None),
+                        num_splits=num_splits, batch_invariant=batch_invariant)
+    return tile, m_tiles, rule
+
+
+def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, **kw) -> tuple[str, bool]:
+    """backend="auto": torch on the CPU; on CUDA, cutlass where heuristics.auto_prefers_cutlass
+    takes the plan (sm90, the CuTe DSL installed, a layout it accepts), Triton otherwise."""
+    name = backends.resolve(backend, device)
+    if backend != "auto" or name != "triton" or not backends.auto_cutlass_here(device) or not layout_ok:
+        return name, backend == "auto"
+    splits = _rule("cutlass", prob, **kw)[2].max_splits
+    return ("cutlass" if kw["batch_invariant"] or H.auto_prefers_cutlass(splits) else "triton"), True
+
+
+def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: int | None = None,
+          batch_invariant: bool = False, num_sms: int | None = None, layout_ok: bool = True,
+          dtype_bound: bool = True) -> DecodePlan:
+    """A plan for this problem (prob.max_seqlen is the length bound). layout_ok: the inputs'
+    layout is one the cutlass kernels take (auto only). dtype_bound: the plan checks prob.dtype."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    kw = dict(num_splits=num_splits, batch_invariant=batch_invariant,
+              num_sms=num_sms if num_sms is not None else device_num_sms(device))
+    name, auto = _choose_backend(backend, prob, device, layout_ok, **kw)
+    tile, m_tiles, rule = _rule(name, prob, **kw)
+    paged = prob.page_size is not None
+    splitting = rule.max_splits > 1 or batch_invariant  # batch-invariant: one tile whatever the grid
+    if name == "cutlass":
+        block_n, stages = H.cutlass_tile(prob.head_dim, splitting, paged)
+        tile = H.TileConfig(tile.block_m, block_n, tile.num_warps, stages)
+        fuse = 1 < rule.max_splits <= H.CUTLASS_FUSED_COMBINE_MAX_SPLITS
     else:
-        chunk = H.choose_chunk_len(lengths, num_kv_heads=num_kv_heads, m_tiles=m_tiles,
-                                   block_n=tile.block_n, num_sms=sms, blocks_per_sm=bps)
-        splits, chunks = H.splits_for_lengths(lengths, chunk), [chunk] * batch
-    tile = H.tile_config(head_dim, rows, splitting=max(splits, default=1) > 1)
-    host = torch.tensor(splits + chunks, dtype=torch.int32)
-    dev = host.to(device, non_blocking=True) if device.type == "cuda" else host
-    return DecodePlan(batch, num_q_heads, num_kv_heads, head_dim, q_len, device, tile, m_tiles,
-                      max(splits, default=1), max(chunks, default=1), dev[:batch], dev[batch:],
-                      num_splits_host=splits, chunk_len=chunk, forced=num_splits, target=target, paged=paged)
+        t = H.tile_config(prob.head_dim, prob.qhead_per_kvhead * prob.q_len, splitting=splitting)
+        tile = H.TileConfig(t.block_m, t.block_n, t.num_warps, H.launch_stages(t, paged))
+        fuse = name == "triton" and 1 < rule.max_splits <= H.FUSED_COMBINE_MAX_SPLITS
+    fuse = fuse and not batch_invariant  # one merge path (the combine kernel) for every batch
+    B, S = prob.batch, rule.max_splits
+    pad = -(-max(B, 1) // 4) * 4  # 16-byte aligned rows: Triton specialises pointers on alignment
+    sched = torch.ones(2, pad, dtype=torch.int32, device=device)
+    sched[1].fill_(rule.block_n)
+    o_part = lse_part = counters = None
+    if S > 1:
+        o_shape, lse_shape, nbytes = W.partial_sizes(S, B, prob.num_q_heads, prob.q_len, prob.head_dim)
+        o_part, lse_part = W.carve(W.allocate(nbytes, device), o_shape, lse_shape)
+        if fuse:
+            counters = torch.zeros(B * prob.num_kv_heads * m_tiles, dtype=torch.int32, device=device)
+    lse_scratch = torch.empty(B, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=device)
+    return DecodePlan(B, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len,
+                      prob.dtype if dtype_bound else None, paged, prob.max_seqlen, device, name, auto, tile,
+                      m_tiles, rule, fuse, batch_invariant, sched, counters, o_part, lse_part, lse_scratch)
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,
          q_len: int = 1, num_splits: int | None = None, max_seqlen: int | None = None,
-         num_sms: int | None = None, backend: str = "auto", paged: bool = False) -> DecodePlan:
+         num_sms: int | None = None, backend: str = "auto", paged: bool = False,
+         dtype: torch.dtype | None = None, batch_invariant: bool = False) -> DecodePlan:
     """Plan a decode step once; pass it to every layer's `decode(..., plan=p)`.
 
-    backend, paged: the backend the decode calls will use ('auto': what decode's 'auto' runs on
-    this device) and whether they pass a block_table: the split count is sized for them (cutlass
-    on a contiguous cache wants one block per SM, everything else two).
-
-    max_seqlen=None: eager plan from the actual lengths (reads cache_seqlens on the host).
-    max_seqlen=N: graph-safe plan for lengths <= N (never reads cache_seqlens on the host); the
-    decode call may then be captured in a CUDA graph and replayed with new lengths/tables.
+    The plan fixes the backend ('auto' resolved here), the cache layout (paged: the calls pass a
+    block_table), the dtype when given, and the split table for these lengths (computed on their
+    device). max_seqlen bounds the lengths the plan will see (grid and workspace are sized for it);
+    None reads max(cache_seqlens) on the host once, here. For CUDA graphs: pass max_seqlen, capture
+    `p.refresh(cache_seqlens)` once per step and the decode calls; replays follow new lengths.
+    batch_invariant: a fixed chunk length per split, so a request's output does not depend on the
+    rest of the batch (bitwise); see heuristics.BATCH_INVARIANT_CHUNK_KEYS for its cost.
     """
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
-        raise ValueError("cache_seqlens: expected a 1-D int32 tensor [B]")
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"num_q_heads: {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
-    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
-        raise ValueError(f"num_splits: expected None or an int >= 1, got {num_splits!r}")
-    if max_seqlen is not None and max_seqlen < 1:
-        raise ValueError(f"max_seqlen: expected a positive int, got {max_seqlen!r}")
-    lengths = None if max_seqlen is not None else [int(x) for x in cache_seqlens.tolist()]
-    p = build_plan(lengths, cache_seqlens=cache_seqlens, batch=cache_seqlens.shape[0], num_q_heads=num_q_heads,
-                   num_kv_heads=num_kv_heads, head_dim=head_dim, q_len=q_len,
-                   device=cache_seqlens.device, num_splits=num_splits, max_seqlen=max_seqlen,
-                   num_sms=num_sms, target=plan_target(backend, cache_seqlens.device), paged=paged)
+    validate.check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, num_splits, max_seqlen,
+                             backend, paged, dtype, batch_invariant)
+    if max_seqlen is None:
+        max_seqlen = max(int(cache_seqlens.max()) if cache_seqlens.numel() else 1, 1)
+    prob = validate.Problem(cache_seqlens.shape[0], q_len, num_q_heads, num_kv_heads, head_dim, max_seqlen,
+                            16 if paged else None, dtype)
+    p = build(prob, cache_seqlens.device, backend=backend, num_splits=num_splits, batch_invariant=batch_invariant,
+              num_sms=num_sms, dtype_bound=dtype is not None)
+    p.schedule(cache_seqlens)
     maybe_print(p)
     return p
 

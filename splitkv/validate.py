@@ -7,6 +7,7 @@ plan the lengths may live on the GPU inside a CUDA graph, and reading them would
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,21 +58,30 @@ def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, soft
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
-                        backend: str) -> Problem:
+                        backend: str, causal: bool = True) -> Problem:
     """Validate decode's inputs; returns the Problem. Signatures that passed are remembered."""
+    return check_keyed(None, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend,
+                       causal)[1]
+
+
+def check_keyed(extra, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend,
+                causal) -> tuple:
+    """(key, Problem): key = the inputs' signature plus `extra` (None when not hashable)."""
     try:
-        key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend)
+        key = (_signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend),
+               causal, type(causal), extra)
         prob = _SEEN.get(key)
     except (AttributeError, TypeError):  # not tensors / unhashable: the full checks say what is wrong
         key = prob = None
     if prob is not None:
-        return prob
+        return key, prob
+    _need(isinstance(causal, bool), TypeError, f"causal: expected a bool, got {type(causal).__name__}")
     prob = _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend)
     if key is not None:
         if len(_SEEN) > 1024:
             _SEEN.clear()
         _SEEN[key] = prob
-    return prob
+    return key, prob
 
 
 def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
@@ -108,8 +118,9 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         _need(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 1, ValueError,
               f"num_splits: expected None or an int >= 1, got {num_splits!r}")
     if softmax_scale is not None:
-        _need(isinstance(softmax_scale, (int, float)) and softmax_scale > 0, ValueError,
-              f"softmax_scale: expected a positive float, got {softmax_scale!r}")
+        _need(isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+              and math.isfinite(softmax_scale) and softmax_scale > 0, ValueError,
+              f"softmax_scale: expected a finite positive float, got {softmax_scale!r}")
 
     if block_table is None:
         _need(k_cache.shape[0] == B, ValueError,
@@ -122,10 +133,40 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         _need(block_table.dim() == 2 and block_table.shape[0] == B, ValueError,
               f"block_table: expected shape [{B}, max_pages], got {tuple(block_table.shape)}")
         _need(block_table.device == q.device, ValueError, f"block_table: on {block_table.device} but q is on {q.device}")
-        _need(block_table.stride(-1) == 1, ValueError, "block_table: last dim must have unit stride")
         page_size = k_cache.shape[1]
         max_seqlen = block_table.shape[1] * page_size
     return Problem(B, Sq, Hq, Hkv, D, max_seqlen, page_size, q.dtype)
+
+
+def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, num_splits, max_seqlen, backend,
+                    paged, dtype, batch_invariant) -> None:
+    """splitkv.plan's arguments, held to the same rules as decode's inputs."""
+    _need(isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dim() == 1, ValueError,
+          "cache_seqlens: expected a 1-D int32 tensor [B]")
+    _need(cache_seqlens.dtype == torch.int32, TypeError, f"cache_seqlens: expected dtype int32, got {cache_seqlens.dtype}")
+    for name, v in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                    ("q_len", q_len)):
+        _need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, ValueError,
+              f"{name}: expected a positive int, got {v!r}")
+    _need(num_q_heads % num_kv_heads == 0, ValueError,
+          f"num_q_heads: {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    _need(head_dim in SUPPORTED_HEAD_DIMS, ValueError,
+          f"head_dim: {head_dim} not supported, expected one of {SUPPORTED_HEAD_DIMS}")
+    _need(q_len <= MAX_Q_LEN, ValueError, f"q_len: expected 1 <= q_len <= {MAX_Q_LEN}, got {q_len}")
+    if num_splits is not None:
+        _need(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 1, ValueError,
+              f"num_splits: expected None or an int >= 1, got {num_splits!r}")
+    if max_seqlen is not None:
+        _need(isinstance(max_seqlen, int) and not isinstance(max_seqlen, bool) and max_seqlen >= 1, ValueError,
+              f"max_seqlen: expected a positive int, got {max_seqlen!r}")
+    elif cache_seqlens.numel() and cache_seqlens.device.type == "cpu":
+        _need(int(cache_seqlens.min()) >= 0, ValueError, "cache_seqlens: lengths must be >= 0")
+    check_backend(backend)
+    _need(isinstance(paged, bool), TypeError, f"paged: expected a bool, got {type(paged).__name__}")
+    _need(isinstance(batch_invariant, bool), TypeError,
+          f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
+    _need(dtype is None or dtype in LOW_DTYPES + (torch.float32,), TypeError,
+          f"dtype: expected None, torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
 
 
 def check_seqlens_host(lengths: list[int], prob: Problem, block_table, num_pages: int) -> None:

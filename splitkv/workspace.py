@@ -4,10 +4,9 @@ Layouts (split axis leads, so one split's rows are contiguous and the combine st
     o_part   [max_splits, B, Hq, Sq, D]  fp32, each split's *normalised* output
     lse_part [max_splits, B, Hq, Sq]     fp32, natural-log LSE of that split (-inf when empty)
 
-One byte buffer per device, carved into 128-byte aligned views. It grows to the largest request
-seen and is then reused: once warm, decode allocates no workspace. A CUDA-graph plan owns a
-private buffer instead (allocated at plan time), because a graph replays fixed addresses and the
-shared pool may move when it grows.
+Every plan owns its buffer (allocated once, when the plan is made, carved into 128-byte aligned
+views): a graph replays fixed addresses, and two streams or threads never share partials (decode()
+without a plan keeps one plan per input signature and stream, or thread on the CPU).
 """
 
 from __future__ import annotations
@@ -15,9 +14,6 @@ from __future__ import annotations
 import torch
 
 ALIGN = 128
-
-_POOLS: dict[tuple[str, int | None], torch.Tensor] = {}
-
 
 def _round_up(x: int, a: int = ALIGN) -> int:
     return (x + a - 1) // a * a
@@ -36,17 +32,6 @@ def allocate(nbytes: int, device) -> torch.Tensor:
     raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8, device=device)
     shift = (-raw.data_ptr()) % ALIGN
     return raw[shift:shift + nbytes]
-
-
-def shared_buffer(nbytes: int, device) -> torch.Tensor:
-    """The per-device pool, grown (never shrunk) to at least nbytes."""
-    device = torch.device(device)
-    key = (device.type, device.index)
-    buf = _POOLS.get(key)
-    if buf is None or buf.numel() < nbytes:
-        buf = allocate(_round_up(max(nbytes, 1 << 20)), device)
-        _POOLS[key] = buf
-    return buf
 
 
 def carve(buf: torch.Tensor, o_shape, lse_shape):

@@ -23,3 +23,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """decode() without a plan keeps its plans per signature: a test that patches a heuristic must
+    not run on a plan an earlier test made."""
+    import splitkv
+
+    splitkv.clear_plans()
+    yield

@@ -235,11 +235,13 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
     bt = None
     if paged:
         k, v, bt = to_paged(k, v, lens, 16)
-    p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3)
+    p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3, backend="cutlass", paged=paged)
     o_part, lse_part = p.partials()
     out, lse = torch.empty_like(q), torch.empty(2, 12, 3)
     launch.split_(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True)
-    assert len(got) == len(names) + 1 and got["key"] == ("float16", 64, p.tile.block_m, paged, True, "sm_90a")
+    t = p.tile
+    assert len(got) == len(names) + 1
+    assert got["key"] == ("float16", 64, t.block_m, t.block_n, t.num_stages, paged, "sm_90a")
     assert (got["group"], got["q_len"], got["num_kv_heads"], got["m_tiles"], got["batch"]) == (6, 3, 2, p.m_tiles, 2)
     assert got["page_size"] == (16 if paged else 1) and got["causal"] == 1
     assert got["fuse"] == 1 and got["counters"] == p.counters.data_ptr()  # 3 splits: merged in the split kernel
@@ -333,12 +335,14 @@ def test_compute_sanitizer_is_clean(tool):
 @needs_dsl
 def test_fused_merge_is_chosen_by_the_heuristic_and_needs_counters(monkeypatch):
     from splitkv import heuristics
-    from splitkv.backends.cutlass import launch
 
     sl = torch.tensor([5000, 300], dtype=torch.int32)
-    p = splitkv.plan(sl, 8, 2, 128, num_splits=4)
-    o_part, _ = p.partials()
-    assert launch.fuses_combine(p, o_part)
-    assert not launch.fuses_combine(p, None)  # nothing split: nothing to merge
+    p = splitkv.plan(sl, 8, 2, 128, num_splits=4, backend="cutlass")
+    assert p.fuse and p.counters is not None and p.partials()[0] is not None
+    one = splitkv.plan(sl, 8, 2, 128, num_splits=1, backend="cutlass")
+    assert not one.fuse and one.partials() == (None, None)  # nothing split: nothing to merge
     monkeypatch.setattr(heuristics, "CUTLASS_FUSED_COMBINE_MAX_SPLITS", 3)
-    assert not launch.fuses_combine(p, o_part)  # 4 splits > 3: the combine kernel merges
+    p = splitkv.plan(sl, 8, 2, 128, num_splits=4, backend="cutlass")
+    assert not p.fuse and p.counters is None  # 4 splits > 3: the combine kernel merges
+    bi = splitkv.plan(sl, 8, 2, 128, batch_invariant=True, backend="cutlass")
+    assert not bi.fuse and bi.tile.block_n == 64  # one merge path and one tile for every batch

@@ -92,7 +92,7 @@ def test_split_invariants(backend):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_one_split_equals_unsplit_path(backend):
     q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [200, 50], FP16)
-    auto = splitkv.plan(sl, 8, 2, 64)  # short requests: the planner does not split
+    auto = splitkv.plan(sl, 8, 2, 64, backend=backend)  # short requests: the planner does not split
     assert auto.max_splits == 1
     o_auto = splitkv.decode(q, k, v, sl, plan=auto, backend=backend)
     o_one = splitkv.decode(q, k, v, sl, num_splits=1, backend=backend)
@@ -128,13 +128,14 @@ def test_out_parameter_and_workspace_reuse():
 def test_graph_safe_plan_follows_new_lengths(backend):
     """A graph-safe plan refreshes its split table from device lengths at each call."""
     q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 60], BF16, nan_tail=False)
-    p = splitkv.plan(sl, 8, 2, 64, max_seqlen=k.shape[1], num_sms=64)
+    p = splitkv.plan(sl, 8, 2, 64, max_seqlen=k.shape[1], num_sms=64, backend=backend)
     assert p.graph_safe and p.max_splits > 1
     for lens in ([900, 60], [17, 903], [0, 5]):
         sl.copy_(torch.tensor(lens, dtype=torch.int32))
         o, lse = splitkv.decode(q, k, v, sl, plan=p, return_lse=True, backend=backend)
         assert_close_to_reference(o, lse, q, k, v, sl)  # stale split counts: still exact
         p.refresh(sl)
-        assert p.num_splits.tolist() == [max(1, -(-L // p.chunk_len)) for L in lens]
+        want = splitkv.heuristics.schedule(sl.cpu(), p.rule)
+        assert p.num_splits.tolist() == want[0].tolist() and p.chunk_lens.tolist() == want[1].tolist()
         o, lse = splitkv.decode(q, k, v, sl, plan=p, return_lse=True, backend=backend)
         assert_close_to_reference(o, lse, q, k, v, sl)

@@ -1,61 +1,103 @@
-"""Planner rules with fake SM counts (pure functions, no GPU)."""
+"""The split rule and the schedule it drives (pure functions, fake SM counts, no GPU)."""
 
 import pytest
+import torch
 
+import splitkv
 from splitkv import heuristics as H
-from splitkv.plan import build_plan
 
 
-def _blocks(lens, chunk, per_split):
-    return sum(H.splits_for_lengths(lens, chunk)) * per_split
+def _rule(lens, hkv=8, num_sms=132, bps=2, bound=None, **kw):
+    return H.split_rule(batch=len(lens), groups_per_request=hkv, block_n=64, max_seqlen=bound or max(lens),
+                        num_sms=num_sms, blocks_per_sm=bps, **kw)
+
+
+def _sched(lens, **kw):
+    rule = _rule(lens, **kw)
+    n, c = H.schedule(torch.tensor(lens, dtype=torch.int32), rule)
+    return rule, n.tolist(), c.tolist()
+
+
+def _ranges(L, n, c):
+    """Key ranges of the splits of one request, as the kernels walk them."""
+    return [(s * c, L if s == n - 1 else min((s + 1) * c, L)) for s in range(n)]
+
+
+RAGGED = [int(1024 * 2 ** (7 * i / 15)) for i in range(16)]  # B=16, 1K .. 128K
 
 
 @pytest.mark.parametrize("num_sms", [8, 78, 132])
-@pytest.mark.parametrize("lens", [[131072], [32768] * 4, [4096], [1024, 131072, 65537, 5]])
+@pytest.mark.parametrize("lens", [[131072], [32768] * 4, [4096], [1024, 131072, 65537, 5], [0, 17, 113, 4097],
+                                  RAGGED])
 @pytest.mark.parametrize("hkv", [1, 8, 32])
-def test_chunk_is_bounded_and_aligned(num_sms, lens, hkv):
-    chunk = H.choose_chunk_len(lens, num_kv_heads=hkv, m_tiles=1, block_n=64, num_sms=num_sms)
-    assert chunk % 64 == 0 and chunk >= 64
-    splits = H.splits_for_lengths(lens, chunk)
-    assert max(splits) <= H.MAX_SPLITS
-    if max(splits) > 1:
-        assert chunk >= H.MIN_CHUNK_KEYS
-        # never more blocks than the target, unless the minimum chunk forces it
-        assert _blocks(lens, chunk, hkv) <= num_sms * H.BLOCKS_PER_SM or chunk == H.MIN_CHUNK_KEYS
+def test_schedule_covers_every_key_once_within_bounds(num_sms, lens, hkv):
+    rule, n, c = _sched(lens, hkv=hkv, num_sms=num_sms)
+    for L, nb, cb in zip(lens, n, c):
+        assert 1 <= nb <= rule.max_splits <= H.MAX_SPLITS and cb % 64 == 0
+        r = _ranges(L, nb, cb)
+        covered = [k for a, b in r for k in range(a, b)] if L < 5000 else None
+        assert covered is None or covered == list(range(L))  # every key exactly once, in order
+        assert r[0][0] == 0 and r[-1][1] == L and all(r[i][1] == r[i + 1][0] for i in range(nb - 1))
+        assert all(b - a <= cb for a, b in r)  # no CTA streams more than its chunk
+        assert nb == 1 or all(b > a for a, b in r)  # no empty trailing split
+        if nb > 1:
+            assert cb >= H.MIN_CHUNK_KEYS
+
+
+def _works(lens, n, c):
+    return [b - a for L, nb, cb in zip(lens, n, c) for a, b in _ranges(L, nb, cb)]
+
+
+@pytest.mark.parametrize("num_sms,bps", [(132, 2), (132, 1), (264, 2)])
+def test_ragged_batch_is_balanced(num_sms, bps):
+    rule, n, c = _sched(RAGGED, num_sms=num_sms, bps=bps)
+    works = _works(RAGGED, n, c)
+    assert max(works) <= H.BALANCE * sum(works) / len(works)  # the largest CTA vs the mean CTA
+
+
+def test_full_grid_ragged_batch_splits_its_long_requests():
+    """B x groups >= SMs: uniform batches stay unsplit, a ragged one cuts its longest requests."""
+    rule, n, c = _sched(RAGGED, num_sms=66)
+    assert rule.max_splits == H.FULL_GRID_MAX_SPLITS and n[-1] == H.FULL_GRID_MAX_SPLITS and n[0] == 1
+    assert _sched([32768] * 16, num_sms=66)[1] == [1] * 16
+
+
+def test_uniform_batch_fills_one_wave():
+    rule, n, c = _sched([32768] * 4, hkv=8, num_sms=132, bps=2)
+    assert sum(n) * 8 <= 132 * 2 and sum(n) * 8 > 132  # one wave of two CTAs per SM, not less
+    rule, n, c = _sched([131072], hkv=8, num_sms=132, bps=1)
+    assert n == [16]  # cutlass target: one CTA per SM
 
 
 def test_no_split_when_grid_already_full():
-    lens = [32768] * 16
-    chunk = H.choose_chunk_len(lens, num_kv_heads=32, m_tiles=1, block_n=64, num_sms=132)  # 512 blocks
-    assert H.splits_for_lengths(lens, chunk) == [1] * 16
+    rule, n, c = _sched([32768] * 16, hkv=32)  # 512 CTAs
+    assert rule.max_splits == H.FULL_GRID_MAX_SPLITS and n == [1] * 16
 
 
 def test_no_split_for_short_sequences():
-    chunk = H.choose_chunk_len([300], num_kv_heads=1, m_tiles=1, block_n=64, num_sms=132)
-    assert H.splits_for_lengths([300], chunk) == [1]
+    assert _sched([300])[1] == [1]
+    rule, n, c = _sched([300], bound=131072)  # a long bound, short actual lengths: decided on device
+    assert rule.max_splits > 1 and n == [1]
 
 
-def test_longer_sequences_get_more_splits():
-    lens = [1024, 16384, 131072]
-    chunk = H.choose_chunk_len(lens, num_kv_heads=8, m_tiles=1, block_n=64, num_sms=132)
-    s = H.splits_for_lengths(lens, chunk)
+def test_longer_sequences_get_more_splits_and_more_sms_more_splits():
+    rule, s, c = _sched([1024, 16384, 131072])
     assert s[0] <= s[1] <= s[2] and s[2] > s[0]
-    # the per-split work is balanced: no split streams more than chunk keys
-    assert all(-(-L // n) <= chunk for L, n in zip(lens, s))
+    assert _sched([131072], num_sms=132)[1][0] > _sched([131072], num_sms=16)[1][0]
 
 
-def test_more_sms_more_splits():
-    few = H.choose_chunk_len([131072], num_kv_heads=8, m_tiles=1, block_n=64, num_sms=16)
-    many = H.choose_chunk_len([131072], num_kv_heads=8, m_tiles=1, block_n=64, num_sms=132)
-    assert many < few
+def test_schedule_depends_on_actual_lengths_not_the_bound():
+    """A plan sized for a 128K capacity balances 4K requests as one made for 4K."""
+    assert _sched([4096, 4000], bound=131072)[1:] == _sched([4096, 4000])[1:]
 
 
-def test_forced_num_splits_and_plan():
-    p = build_plan([1000, 0, 17], batch=3, num_q_heads=8, num_kv_heads=2, head_dim=64, q_len=1,
-                   device="cpu", num_splits=3)
-    assert p.num_splits.tolist() == [3, 3, 3] and p.max_splits == 3
-    assert all(c % p.tile.block_n == 0 for c in p.chunk_lens.tolist())
-    assert p.chunk_lens[0] * 3 >= 1000
+def test_forced_and_batch_invariant_rules():
+    rule, n, c = _sched([1000, 0, 17], hkv=2, num_splits=3)
+    assert n == [3, 3, 3] and rule.max_splits == 3 and all(x % 64 == 0 for x in c) and c[0] * 3 >= 1000
+    assert _rule([100], num_splits=10 ** 7).max_splits == 2  # bounded by what a row can use (2 tiles)
+    a = _sched([5000, 70000], batch_invariant=True, bound=131072)
+    b = _sched([5000], batch_invariant=True, bound=131072)
+    assert a[1][0] == b[1][0] == 3 and a[2][0] == b[2][0] <= H.BATCH_INVARIANT_CHUNK_KEYS  # its own length only
 
 
 def test_tile_config_packs_gqa_rows():
@@ -65,20 +107,8 @@ def test_tile_config_packs_gqa_rows():
     assert t.block_m == H.MAX_BLOCK_M and H.query_tiles(256, t.block_m) == 4
 
 
-def test_splits_rule_same_on_tensors_and_ints():
-    import torch
-
-    lens = [0, 1, 255, 256, 257, 100000]
-    t = H.splits_for_lengths(torch.tensor(lens, dtype=torch.int32), 256, 128)
-    assert t.tolist() == H.splits_for_lengths(lens, 256, 128)
-
-
 def test_print_plan(capsys, monkeypatch):
-    import torch
-
-    import splitkv
-
     monkeypatch.setenv("SPLITKV_PRINT_PLAN", "1")
     splitkv.plan(torch.tensor([5000], dtype=torch.int32), 32, 8, 128, num_sms=132)
     out = capsys.readouterr().out
-    assert "DecodePlan" in out and "num_splits=" in out
+    assert "DecodePlan" in out and "max_splits=" in out

@@ -104,7 +104,7 @@ def test_debug_mode_checks_lengths_and_page_ids_with_a_plan(monkeypatch):
     q, k, v, sl = _ok(L=16)
     kp = torch.randn(8, 16, 2, 64, dtype=torch.float16)
     bt = torch.tensor([[0, 1], [9, 1]], dtype=torch.int32)  # page 9 does not exist
-    p = splitkv.plan(sl, 8, 2, 64)
+    p = splitkv.plan(sl, 8, 2, 64, paged=True)
     splitkv.decode(q, kp, kp, sl, block_table=torch.tensor([[0, 1], [2, 1]], dtype=torch.int32), plan=p)
     monkeypatch.setenv("SPLITKV_DEBUG", "1")
     with pytest.raises(ValueError, match="block_table"):
@@ -114,6 +114,6 @@ def test_debug_mode_checks_lengths_and_page_ids_with_a_plan(monkeypatch):
 def test_plan_for_another_device():
     q, k, v, sl = _ok()
     p = splitkv.plan(sl, 8, 2, 64)
-    p.device = torch.device("meta")  # stands in for a plan made on a GPU
+    object.__setattr__(p, "device", torch.device("meta"))  # stands in for a plan made on a GPU
     with pytest.raises(ValueError, match="plan"):
         splitkv.decode(q, k, v, sl, plan=p)

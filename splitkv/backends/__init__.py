@@ -1,7 +1,8 @@
 """Backend registry. A backend module exposes
     run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
     combine(o_part, lse_part, num_splits, out, lse)
-and decides nothing about splitting: the plan says what to run."""
+and decides nothing: the plan (splitkv/plan.py) names the backend, its tile, the split table and
+whether the merge is fused; `resolve` and `auto_cutlass_here` are what the plan asks, once."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ _MODULES = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
@@ -56,37 +58,14 @@ def resolve(backend: str, device: torch.device) -> str:
     raise ValueError(f"backend: expected one of 'auto', {tuple(_MODULES)}, got {backend!r}")
 
 
-def _auto_cutlass_here(device) -> bool:
-    """'auto' may run cutlass on this device: the rule is on, no SPLITKV_BACKEND, the CuTe DSL is
-    installed and the GPU is sm90."""
+def auto_cutlass_here(device) -> bool:
+    """'auto' may run cutlass on this device: the rule is on, no SPLITKV_BACKEND override, the CuTe
+    DSL is installed and the GPU is sm90. Asked once per plan, never per call."""
     from .. import heuristics as H
 
     if not H.AUTO_CUTLASS or os.environ.get("SPLITKV_BACKEND", "auto") not in ("", "auto"):
         return False
-    return cutlass_available() and torch.cuda.get_device_capability(device)[0] == 9
-
-
-def plan_target(backend: str, device) -> str:
-    """The backend a plan is sized for (heuristics.blocks_per_sm): an explicit backend as named;
-    'auto' -> cutlass where decode's 'auto' sends split plans to it, else what 'auto' resolves to."""
-    if backend != "auto":
-        return backend
-    name = resolve("auto", device)
-    return "cutlass" if name == "triton" and _auto_cutlass_here(device) else name
-
-
-def refine_auto(backend: str, name: str, plan, q, k_cache, v_cache, out) -> str:
-    """'auto' once the plan is known: on sm90 with the CuTe DSL installed, cutlass for the plans
-    heuristics.auto_prefers_cutlass gives it (where its layout checks pass), else `name`."""
-    from .. import heuristics as H
-
-    if name != "triton" or backend != "auto" or not H.auto_prefers_cutlass(plan.max_splits):
-        return name  # the usual path: no environment lookup, no device query
-    if not _auto_cutlass_here(q.device):
-        return name
-    from .cutlass import layout_ok
-
-    return "cutlass" if layout_ok(q, k_cache, v_cache, out) else name
+    return device.type == "cuda" and cutlass_available() and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def get(backend: str):

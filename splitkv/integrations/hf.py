@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..api import decode
-from ..backends import plan_target
 from ..cache import PagedKVCache
-from ..plan import DecodePlan, build_plan
+from ..plan import DecodePlan
+from ..plan import plan as make_plan
 from ..validate import SUPPORTED_HEAD_DIMS
 
 ATTN_NAME = "splitkv"
@@ -56,7 +56,8 @@ class DecodeState:
     positions: torch.Tensor  # int64 [B]: position of each request's next token
     backend: str = "auto"
     num_splits: int | None = None
-    plan: DecodePlan | None = field(default=None, repr=False)  # this step's, made at layer 0
+    plan: DecodePlan | None = field(default=None, repr=False)  # kept across steps, refreshed at layer 0
+    refreshed: bool = field(default=False, repr=False)  # this step's split table is computed
 
     def free(self) -> None:
         for sid in self.seq_ids:
@@ -76,11 +77,16 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
     cache.append(state.seq_ids, key.transpose(1, 2), value.transpose(1, 2), layer=layer)
     block_table, seqlens = cache.batch(state.seq_ids, layer=layer)
     B, Hq, Sq, D = query.shape
-    if state.plan is None:  # lengths are known on the host: plan without reading seqlens back
-        lengths = [cache.seq_len(s, layer) for s in state.seq_ids]
-        state.plan = build_plan(lengths, batch=B, num_q_heads=Hq, num_kv_heads=key.shape[1], head_dim=D,
-                                q_len=Sq, device=query.device, num_splits=state.num_splits,
-                                target=plan_target(state.backend, query.device), paged=True)
+    bound = block_table.shape[1] * cache.page_size
+    p = state.plan
+    if p is None or (p.batch, p.q_len, p.head_dim) != (B, Sq, D) or p.max_seqlen < bound:
+        # sized for the table's capacity (no host read of the lengths), rebuilt only when it grows
+        state.plan = make_plan(seqlens, Hq, key.shape[1], D, q_len=Sq, num_splits=state.num_splits,
+                               max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
+                               backend=state.backend, paged=True, dtype=query.dtype)
+    elif not state.refreshed:  # once per step: the split table for this step's lengths, on the device
+        state.plan.refresh(seqlens)
+    state.refreshed = True
     o = decode(query.transpose(1, 2), cache.k_pages(layer), cache.v_pages(layer), seqlens,
                block_table=block_table, softmax_scale=scaling, plan=state.plan, backend=state.backend)
     return o, None
@@ -210,7 +216,7 @@ def decode_step(model, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor
         raise ValueError(f"tokens: expected one token per request ({len(state.seq_ids)}), "
                          f"got {tokens.shape[0]}")
     kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    state.plan = None
+    state.refreshed = False
     ctx = use_splitkv(model) if model.config._attn_implementation != ATTN_NAME else contextlib.nullcontext()
     token = _ACTIVE.set(state)
     try:

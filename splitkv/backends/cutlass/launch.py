@@ -1,6 +1,6 @@
 """Launch glue of the CuTe DSL backend: compile (cached), check what the kernels assume, pack the
-arguments, launch. No decisions: tiles come from plan.tile (block_m) and config.tile_for (block_n,
-stages; by whether the plan splits), split tables from the plan.
+arguments, launch. No decisions: the tile (block_m, block_n, stages), the split table and whether
+the merge is fused all come from the plan (splitkv/plan.py, from heuristics.py).
 
 Three levels, as everywhere in splitkv: compile_split / compile_combine (cached compile) ->
 split_ / combine_ (out-parameter ops) -> run / combine (the backend contract).
@@ -10,11 +10,10 @@ import functools
 
 import torch
 
-from splitkv import heuristics as H
 from splitkv.backends.cutlass import rows_aligned
 from splitkv.backends.cutlass.argpack import Packer
 from splitkv.backends.cutlass.cache import CACHE
-from splitkv.backends.cutlass.config import CombineConfig, SplitConfig, split_config
+from splitkv.backends.cutlass.config import CombineConfig, SplitConfig
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _PACKERS: dict[tuple[str, str], Packer] = {}
@@ -59,8 +58,9 @@ def _arch(index: int) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _split_launcher(dtype: str, head_dim: int, block_m: int, paged: bool, splitting: bool, arch: str) -> Packer:
-    return compile_split(split_config(dtype, head_dim, block_m, paged, splitting=splitting), arch)
+def _split_launcher(dtype: str, head_dim: int, block_m: int, block_n: int, stages: int, paged: bool,
+                    arch: str) -> Packer:
+    return compile_split(SplitConfig(dtype, head_dim, block_m, block_n, stages, paged), arch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,9 +87,9 @@ def compile_combine(cfg: CombineConfig, arch: str) -> Packer:
 _STREAMS: dict[int, object] = {}
 
 
-def _stream(device):
+def _stream(index: int):
     """The current torch stream as a cuda.CUstream (one object per raw handle, reused)."""
-    handle = torch.cuda.current_stream(device).cuda_stream
+    handle = torch._C._cuda_getCurrentRawStream(index)
     s = _STREAMS.get(handle)
     if s is None:
         import cuda.bindings.driver as cuda
@@ -110,16 +110,10 @@ def _check_rows(name: str, t: torch.Tensor, align: int) -> None:
                          f"{t.data_ptr() % align}. Use backend='triton' for this layout.")
 
 
-def fuses_combine(plan, o_part) -> bool:
-    """Whether the split kernel merges the partials itself (no combine launch): see heuristics."""
-    return (o_part is not None and plan.counters is not None
-            and plan.max_splits <= H.CUTLASS_FUSED_COMBINE_MAX_SPLITS)
-
-
 def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
            *, cfg: SplitConfig | None = None, fuse: bool | None = None):
     """Out-parameter split op: writes out/lse for one-split requests, o_part/lse_part otherwise;
-    with fuse (default: fuses_combine) the last split CTA of each tile also writes out/lse.
+    with fuse (default: plan.fuse) the last split CTA of each tile also writes out/lse.
     cfg overrides the config (tile sweeps); its block_m must be the plan's."""
     B, Sq, Hq, D = q.shape
     paged = block_table is not None
@@ -130,15 +124,18 @@ def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_pa
         _check_rows("o_part", o_part, 16)
     if lse.stride(2) != 1 or (lse_part is not None and lse_part.stride(3) != 1):
         raise ValueError("lse/lse_part: backend 'cutlass' needs unit stride on the token (last) dim")
-    arch = _arch(_device_index(q))
+    index = _device_index(q)
+    arch = _arch(index)
+    tile = plan.tile
     if cfg is None:
-        launch = _split_launcher(_DTYPE_NAMES[q.dtype], D, plan.tile.block_m, paged, plan.max_splits > 1, arch)
+        launch = _split_launcher(_DTYPE_NAMES[q.dtype], D, tile.block_m, tile.block_n, tile.num_stages, paged, arch)
     elif (cfg.block_m, cfg.head_dim, cfg.paged, cfg.dtype) != (plan.tile.block_m, D, paged, _DTYPE_NAMES[q.dtype]):
         raise ValueError(f"cfg: {cfg} does not match the plan / inputs")
     else:
         launch = compile_split(cfg, arch)
     parts = o_part is not None
-    fuse = fuses_combine(plan, o_part) if fuse is None else (fuse and parts and plan.counters is not None)
+    fuse = plan.fuse if fuse is None else fuse
+    fuse = fuse and parts and plan.counters is not None
     op = o_part if parts else out  # never written when no request splits
     lp = lse_part if parts else lse
     p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
@@ -151,7 +148,7 @@ def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_pa
            k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)), int(fuse),
            *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], bt.stride(0) if paged else 0,
            *p_strides, *l_strides, *out.stride()[:3], *lse.stride()[:2],
-           float(scale) * LOG2E, _stream(q.device))
+           float(scale) * LOG2E, _stream(index))
 
 
 def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: CombineConfig | None = None):
@@ -167,7 +164,8 @@ def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: 
     per_lane = D // 32  # each lane moves D / 32 contiguous elements in <= 16-byte vectors
     _check_rows("o_part", o_part, min(16, per_lane * o_part.element_size()))
     _check_rows("out", out, min(16, per_lane * out.element_size()))
-    arch = _arch(_device_index(out))
+    index = _device_index(out)
+    arch = _arch(index)
     if cfg is None:
         launch = _combine_launcher(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D, arch)
     elif (cfg.part_dtype, cfg.out_dtype, cfg.head_dim) != (_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D):
@@ -177,7 +175,7 @@ def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: 
     launch(o_part.data_ptr(), lse_part.data_ptr(), num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(),
            S, B, H, T, int(skip_single),
            *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride(),
-           _stream(out.device))
+           _stream(index))
 
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
@@ -186,12 +184,16 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         return
     if q.device.type != "cuda":
         raise ValueError(f"q: backend 'cutlass' needs CUDA tensors, got {q.device}")
+    if q.device.index == torch.cuda.current_device():  # the DSL launches on the current device
+        return _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
     with torch.cuda.device(q.device):
-        fuse = fuses_combine(plan, o_part)
-        split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
-               fuse=fuse)
-        if o_part is not None and not fuse:
-            combine_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
+        _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+
+
+def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+    split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+    if o_part is not None and not plan.fuse:
+        combine_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
 
 
 def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):

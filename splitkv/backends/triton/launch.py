@@ -1,25 +1,37 @@
-"""Launch glue for the Triton kernels: strides, grids, the interpreter switch. No decisions:
-tile sizes come from plan.tile (heuristics.py), split tables from the plan."""
+"""Launch glue for the Triton kernels: strides, grids, the interpreter switch. No decisions: the
+plan carries the tile (block_m/n, warps, stages as launched), the split rule and whether the merge
+is fused (splitkv/plan.py, from heuristics.py)."""
 
 from __future__ import annotations
 
 import os
 
-from ... import heuristics as H
 from .combine_kernel import combine_kernel
 from .fastlaunch import FastLauncher
+from .schedule_kernel import schedule_kernel
 from .split_kernel import LOG2E, split_kernel
 
 _split = FastLauncher(split_kernel)
 _combine = FastLauncher(combine_kernel)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+_schedule = FastLauncher(schedule_kernel)
+_MODES = {"auto": 0, "forced": 1, "fixed": 2}
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read when triton is imported, as Triton does
 
 
 def _combine_block_s(max_splits: int) -> int:
     return min(16, 1 << max(0, (max_splits - 1).bit_length()))
+
+
+def schedule(cache_seqlens, sched, rule) -> None:
+    """sched [2, >= B] <- (num_splits, chunk_lens) of heuristics.schedule, computed on the device."""
+    B = cache_seqlens.shape[0]
+    if B == 0:
+        return
+    _schedule((1,), (cache_seqlens, sched),
+              (B, cache_seqlens.stride(0), sched.stride(0), rule.max_splits, rule.splits, rule.chunk_tiles,
+               rule.target, rule.ragged_target, rule.min_tiles),
+              dict(MODE=_MODES[rule.mode], BLOCK_N=rule.block_n, BLOCK_B=max(16, 1 << (B - 1).bit_length()),
+                   SHORT_KEYS=rule.short_keys, CAP=rule.cap, BALANCE=rule.balance), 4, 1)
 
 
 def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
@@ -47,19 +59,17 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
     l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
     grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
-    fused = parts and plan.max_splits <= H.FUSED_COMBINE_MAX_SPLITS and plan.counters is not None
-    counters = plan.counters if fused else plan.num_splits  # never touched unless fused
+    counters = plan.counters if plan.fuse else cache_seqlens  # never touched unless fused
+    nsplits, chunks = plan.num_splits, plan.chunk_lens
     qs, ks, vs = q.stride(), k_cache.stride(), v_cache.stride()
-    _split(grid, (q, k_cache, v_cache, cache_seqlens, plan.num_splits, plan.chunk_lens, bt, op, lp, out, lse,
-                  counters),
+    _split(grid, (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, bt, op, lp, out, lse, counters),
            (scale * LOG2E, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             bt.stride(0) if paged else 0, *p_strides, *l_strides, out.stride(0), out.stride(1), out.stride(2),
             lse.stride(0), lse.stride(1)),
            dict(NUM_KV_HEADS=plan.num_kv_heads, M_TILES=plan.m_tiles, G=plan.qhead_per_kvhead, SQ=Sq,
                 HEAD_DIM=D, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                 PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged, CAUSAL=bool(causal and Sq > 1),
-                UPCAST=_interpreting(), FUSED_COMBINE=fused),
-           tile.num_warps, H.launch_stages(tile, paged))
-    if parts and not fused:
-        combine(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
-
+                UPCAST=_INTERPRET, FUSED_COMBINE=plan.fuse),
+           tile.num_warps, tile.num_stages)
+    if parts and not plan.fuse:
+        combine(o_part, lse_part, nsplits, out, lse, skip_single=True)

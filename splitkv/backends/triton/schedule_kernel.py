@@ -1,0 +1,65 @@
+"""Triton split scheduler: one program turns cache_seqlens into the split table, on the GPU.
+
+It computes exactly heuristics.schedule (the specification, in PyTorch; tests check they agree):
+per request b, num_splits[b] and chunk_lens[b] (keys per split, block_n-aligned, equal within the
+request) from the actual lengths and the host-side SplitRule. Reading the lengths here, not on the
+host, is what keeps decode free of a device->host sync and capturable in a CUDA graph.
+
+Layouts: LENS any int32 [B] with stride s_len (a strided view is read as is); SCHED int32
+[2, s_row]: row 0 num_splits, row 1 chunk_lens (s_row = B rounded up to 4: 16-byte aligned rows).
+MODE 0 auto (balanced from the total work), 1 forced (SPLITS splits), 2 fixed chunk (batch-invariant).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _count(t, ok, chunk):
+    return tl.sum(tl.where(ok, tl.maximum((t + chunk - 1) // chunk, 1), 0), 0)
+
+
+@triton.jit
+def _search(t, ok, lo, hi, target):
+    """Smallest chunk (tiles) in [lo, hi] whose total split count is <= target."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        fits = _count(t, ok, mid) <= target
+        hi = tl.where(fits, mid, hi)
+        lo = tl.where(fits, lo, mid + 1)
+    return lo
+
+
+@triton.jit
+def schedule_kernel(LENS, SCHED, B, s_len, s_row, max_splits, splits, chunk_tiles, target, ragged_target,
+                    min_tiles, MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                    SHORT_KEYS: tl.constexpr, CAP: tl.constexpr, BALANCE: tl.constexpr):
+    offs = tl.arange(0, BLOCK_B)
+    ok = offs < B
+    L = tl.maximum(tl.load(LENS + offs.to(tl.int64) * s_len, mask=ok, other=0), 0)
+    t = (L + BLOCK_N - 1) // BLOCK_N
+    if MODE == 1:
+        n = tl.zeros_like(t) + splits
+        chunk = tl.maximum((t + n - 1) // n, 1)
+    else:
+        if MODE == 2:
+            n = tl.minimum(tl.maximum((t + chunk_tiles - 1) // chunk_tiles, 1), max_splits)
+        else:
+            longest = tl.max(tl.where(ok, t, 0), 0)
+            n = tl.zeros_like(t) + 1
+            if (max_splits > 1) & (longest * BLOCK_N >= SHORT_KEYS):
+                lo = tl.maximum(min_tiles, (longest + CAP - 1) // CAP)
+                hi = tl.maximum(lo, longest)
+                c = _search(t, ok, lo, hi, target)
+                n = tl.maximum((t + c - 1) // c, 1)
+                worst = tl.max(tl.where(ok, (t + n - 1) // n, 0), 0)
+                total_n = tl.sum(tl.where(ok, n, 0), 0)
+                total_t = tl.sum(tl.where(ok, t, 0), 0)
+                if (ragged_target > target) & (worst * total_n > BALANCE * total_t):
+                    c = _search(t, ok, lo, hi, ragged_target)
+                    n = tl.maximum((t + c - 1) // c, 1)
+                n = tl.minimum(n, max_splits)
+        chunk = tl.maximum((t + n - 1) // n, 1)
+        n = tl.maximum((t + chunk - 1) // chunk, 1)
+    tl.store(SCHED + offs, n, mask=ok)
+    tl.store(SCHED + s_row + offs, chunk * BLOCK_N, mask=ok)

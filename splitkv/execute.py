@@ -1,0 +1,106 @@
+"""The eager decode path: validate (cached per input signature) -> plan (made once per signature and
+stream, or passed in) -> schedule on the device -> backend launch.
+
+Per call, without a plan, the host does: one signature lookup, one plan lookup, the schedule launch
+and the split launch (+ the combine launch where the merge is not fused), and allocates o (and lse
+when returned). It never reads cache_seqlens: no device->host sync, and the call can be captured in
+a CUDA graph (its plan is sized for the cache's capacity: Lmax, or max_pages * page_size).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections import OrderedDict
+
+import torch
+
+from . import backends, debug, validate
+from .plan import DecodePlan, build, maybe_print
+
+_PLANS: OrderedDict = OrderedDict()  # (signature, stream or thread) -> DecodePlan
+_MAX_PLANS = 64
+_LOCK = threading.Lock()
+
+
+def _debugging() -> bool:
+    return os.environ.get("SPLITKV_DEBUG", "0") not in ("", "0")
+
+
+def _owner(device: torch.device):
+    """Who may use a cached plan's workspace: the current CUDA stream, or the thread on the CPU."""
+    if device.type == "cuda":
+        return torch._C._cuda_getCurrentRawStream(device.index)
+    return threading.get_ident()
+
+
+def _align_bits(*ts) -> int:
+    bits = 0
+    for t in ts:
+        bits |= t.data_ptr()
+    return bits & 15
+
+
+def _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant):
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    from .backends.cutlass import layout_ok
+
+    ok = q.device.type == "cuda" and layout_ok(q, k_cache, v_cache, out if out is not None else q)
+    plan = build(prob, q.device, backend=backend, num_splits=num_splits, batch_invariant=batch_invariant,
+                   layout_ok=ok)
+    maybe_print(plan)
+    with _LOCK:
+        _PLANS[key] = plan
+        while len(_PLANS) > _MAX_PLANS:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+def clear_plans() -> None:
+    """Drop the plans decode() made for itself (they hold workspace memory)."""
+    with _LOCK:
+        _PLANS.clear()
+
+
+def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
+                 num_splits=None, return_lse=False, out=None, plan=None, backend="auto", batch_invariant=False):
+    """splitkv.decode without the torch.compile dispatch (what the custom op runs)."""
+    owner = _owner(q.device) if isinstance(q, torch.Tensor) else None
+    extra = None if plan is not None else (owner, batch_invariant, _align_bits(q, k_cache, v_cache))
+    key, prob = validate.check_keyed(extra, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
+                                     softmax_scale, backend, causal)
+    if out is not None:
+        validate.check_out(out, None, prob, q)
+    if not cache_seqlens.is_contiguous():  # the kernels read lengths (and table rows) unit-stride
+        cache_seqlens = cache_seqlens.contiguous()
+    if block_table is not None and block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
+    if plan is None:
+        if not isinstance(batch_invariant, bool):
+            raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
+        if q.device.type == "cpu" or _debugging():  # CPU values are free to read; on a GPU only on demand
+            validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
+        plan = _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant)
+        plan.schedule(cache_seqlens)
+    else:
+        if not isinstance(plan, DecodePlan):
+            raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")
+        if num_splits is not None and num_splits != plan.forced:
+            raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
+        if batch_invariant and not plan.batch_invariant:
+            raise ValueError("batch_invariant: pass it to splitkv.plan(...), not together with plan=")
+        plan.check_call(prob, backend, q.device)
+        if _debugging():  # the caller's contract, checked on demand (one host read)
+            validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)
+    o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = (torch.empty(prob.batch, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=q.device)
+           if return_lse else plan.lse_scratch)
+    backends.get(plan.backend).run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part,
+                                   plan.lse_part, o, lse, scale, causal)
+    if debug.active():
+        debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
+    return (o, lse) if return_lse else o
