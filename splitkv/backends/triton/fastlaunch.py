@@ -33,6 +33,6 @@ class FastLauncher:
             if key is not None and kernel is not None:  # None under TRITON_INTERPRET
                 self.cache[key] = kernel
             return
-        stream = torch.cuda.current_stream(tensors[0].device).cuda_stream
+        stream = torch._C._cuda_getCurrentRawStream(tensors[0].device.index)  # ~0.1 us; current_stream() ~3
         kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, kernel.function, kernel.packed_metadata,
                    None, None, None, *tensors, *scalars, *constexprs.values())

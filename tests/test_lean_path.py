@@ -1,0 +1,206 @@
+"""The lean decode path: the plan decides once and checks each call; the split table is computed on
+the device (no host read of cache_seqlens); batch-invariant mode; thread safety; strided int inputs."""
+
+import threading
+
+import pytest
+import torch
+from helpers import assert_close_to_reference, make_inputs, to_paged
+
+import splitkv
+from splitkv import backends
+
+BF16 = torch.bfloat16
+HAS_CUDA = torch.cuda.is_available()
+DEV = "cuda" if HAS_CUDA else "cpu"
+GPU_BACKENDS = ["triton"] + (["cutlass"] if backends.cutlass_available() else [])
+
+
+# --- the plan checks every call against what it was made for ---------------------------------------
+
+def test_plan_call_mismatches_are_named():
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 40], BF16)
+    p = splitkv.plan(sl, 8, 2, 64, dtype=BF16)
+    with pytest.raises(ValueError, match="contiguous cache.*block_table"):
+        kp, vp, bt = to_paged(k, v, [900, 40], 16)
+        splitkv.decode(q, kp, vp, sl, block_table=bt, plan=p)
+    with pytest.raises(ValueError, match=r"plan: made for \(B, Hq, Hkv, D, Sq\)"):
+        q3, k3, v3, sl3 = make_inputs(3, 1, 8, 2, 64, [900, 40, 5], BF16)
+        splitkv.decode(q3, k3, v3, sl3, plan=p)
+    with pytest.raises(ValueError, match="float16"):
+        splitkv.decode(q.half(), k.half(), v.half(), sl, plan=p)
+    with pytest.raises(ValueError, match="backend 'torch'.*'triton'"):
+        splitkv.decode(q, k, v, sl, plan=p, backend="triton")
+    paged = splitkv.plan(sl, 8, 2, 64, paged=True)
+    with pytest.raises(ValueError, match="paged cache"):
+        splitkv.decode(q, k, v, sl, plan=paged)
+
+
+@pytest.mark.skipif(not backends.cutlass_available(), reason="needs nvidia-cutlass-dsl")
+def test_a_triton_plan_is_refused_by_a_cutlass_call():
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 40], BF16)
+    p = splitkv.plan(sl, 8, 2, 64, backend="triton")
+    with pytest.raises(ValueError, match="backend 'triton'.*'cutlass'"):
+        splitkv.decode(q, k, v, sl, plan=p, backend="cutlass")
+
+
+def test_plan_takes_only_what_decode_takes():
+    sl = torch.tensor([100, 7], dtype=torch.int32)
+    bad = [(dict(head_dim=100), ValueError, "head_dim"), (dict(q_len=17), ValueError, "q_len"),
+           (dict(backend="bogus"), ValueError, "backend"), (dict(num_kv_heads=0), ValueError, "num_kv_heads"),
+           (dict(num_splits=0), ValueError, "num_splits"), (dict(max_seqlen=0), ValueError, "max_seqlen"),
+           (dict(dtype=torch.int8), TypeError, "dtype"), (dict(paged=1), TypeError, "paged")]
+    for over, exc, name in bad:
+        kw = dict(num_q_heads=8, num_kv_heads=2, head_dim=64) | over
+        with pytest.raises(exc, match=name):
+            splitkv.plan(sl, kw.pop("num_q_heads"), kw.pop("num_kv_heads"), kw.pop("head_dim"), **kw)
+    with pytest.raises(TypeError, match="cache_seqlens"):
+        splitkv.plan(sl.long(), 8, 2, 64)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        splitkv.plan(torch.tensor([-5, 3], dtype=torch.int32), 8, 2, 64)
+    huge = splitkv.plan(sl, 8, 2, 64, num_splits=10 ** 7)  # bounded by what a row can use: no 165 GB
+    assert huge.max_splits == 2 and huge.o_part.numel() < 10 ** 6
+
+
+def test_refresh_takes_only_the_plans_batch_and_dtype():
+    p = splitkv.plan(torch.tensor([900, 40], dtype=torch.int32), 8, 2, 64, max_seqlen=1024)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        p.refresh(torch.tensor([900, 40, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        p.refresh(torch.tensor([900, 40], dtype=torch.int64))
+
+
+def test_bad_scalars_are_named():
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 40], BF16)
+    for scale in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="softmax_scale"):
+            splitkv.decode(q, k, v, sl, softmax_scale=scale)
+    with pytest.raises(TypeError, match="causal"):
+        splitkv.decode(q, k, v, sl, causal=1)
+    with pytest.raises(TypeError, match="batch_invariant"):
+        splitkv.decode(q, k, v, sl, batch_invariant="yes")
+
+
+# --- strided int tensors -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_strided_seqlens_and_block_table(backend):
+    lens = [900, 40, 333]
+    q, k, v, sl = make_inputs(3, 2, 8, 2, 64, lens, BF16)
+    both = torch.stack([sl, torch.full_like(sl, 10 ** 6)], 1)  # a column of a 2-D tensor: stride 2
+    o = splitkv.decode(q, k, v, both[:, 0], num_splits=3, backend=backend)
+    ref = splitkv.decode(q, k, v, sl, num_splits=3, backend=backend)
+    assert torch.equal(o, ref)
+    kp, vp, bt = to_paged(k, v, lens, 16)
+    wide = torch.full((bt.shape[0], 2 * bt.shape[1]), -1, dtype=torch.int32)
+    wide[:, ::2] = bt  # a column-strided view of a wider table
+    o = splitkv.decode(q, kp, vp, both[:, 0], block_table=wide[:, ::2], num_splits=3, backend=backend)
+    assert torch.equal(o, splitkv.decode(q, kp, vp, sl, block_table=bt, num_splits=3, backend=backend))
+
+
+# --- batch invariance ------------------------------------------------------------------------------------
+
+def _in_batches(backend, device, dtype):
+    """The same request (one q row, its keys) alone, with 2 and with 16 other requests."""
+    g = torch.Generator().manual_seed(7)
+    Hq, Hkv, D, L, Lmax = 8, 2, 64, 3000, 4100
+    q0 = torch.randn(1, 1, Hq, D, generator=g).to(dtype)
+    k0 = torch.randn(1, Lmax, Hkv, D, generator=g).to(dtype)
+    v0 = torch.randn(1, Lmax, Hkv, D, generator=g).to(dtype)
+    outs = []
+    for B in (1, 3, 17):
+        others = torch.randint(1, Lmax, (B - 1,), generator=g).tolist()
+        q = torch.cat([q0, torch.randn(B - 1, 1, Hq, D, generator=g).to(dtype)])
+        k = torch.cat([k0, torch.randn(B - 1, Lmax, Hkv, D, generator=g).to(dtype)])
+        v = torch.cat([v0, torch.randn(B - 1, Lmax, Hkv, D, generator=g).to(dtype)])
+        pos = B // 2  # the request sits at another index in every batch
+        perm = list(range(1, B))
+        perm.insert(pos, 0)
+        lens = torch.tensor([L] + others, dtype=torch.int32)[perm]
+        o = splitkv.decode(q[perm].to(device), k[perm].to(device), v[perm].to(device), lens.to(device),
+                           backend=backend, batch_invariant=True)
+        outs.append(o[pos])
+    return outs
+
+
+def test_batch_invariant_torch_backend():
+    a, b, c = _in_batches("torch", "cpu", torch.float32)
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_batch_invariant_gpu(backend):
+    a, b, c = _in_batches(backend, "cuda", BF16)
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+# --- threads and streams ---------------------------------------------------------------------------------
+
+def _threads(device, backend, streams):
+    cases = [make_inputs(2, 1, 8, 2, 64, [700 + 37 * i, 300], BF16, device, seed=i) for i in range(4)]
+    refs = [splitkv.decode(*c, num_splits=3, backend=backend) for c in cases]
+    bad = []
+
+    def work(i):
+        ctx = torch.cuda.stream(torch.cuda.Stream()) if streams else torch.no_grad()
+        with ctx:
+            for _ in range(10 if device == "cpu" else 40):
+                o = splitkv.decode(*cases[i], num_splits=3, backend=backend)
+                if streams:
+                    torch.cuda.current_stream().synchronize()
+                if not torch.equal(o, refs[i]):
+                    bad.append(i)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not bad
+
+
+def test_threads_get_their_own_workspace_cpu():
+    _threads("cpu", "torch", streams=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_streams_get_their_own_workspace(backend):
+    _threads("cuda", backend, streams=True)
+
+
+# --- no sync, capturable -------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto"] + GPU_BACKENDS)
+@pytest.mark.parametrize("paged", [False, True])
+def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
+    lens = [4000, 700, 1]
+    q, k, v, sl = make_inputs(3, 1, 32, 8, 128, lens, BF16, "cuda", nan_tail=False, pad=200)
+    bt = None
+    if paged:  # every page the replays' lengths reach is in the table
+        k, v, bt = to_paged(k, v, [4100] * 3, 16)
+    splitkv.decode(q, k, v, sl, block_table=bt, backend=backend)  # compile + plan outside the checks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o, lse = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend, return_lse=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_close_to_reference(o, lse, q, k, v, sl, block_table=bt)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm the capture stream's own plan
+        splitkv.decode(q, k, v, sl, block_table=bt, backend=backend)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        og, lg = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend, return_lse=True)
+    for new in ([4000, 700, 1], [3, 4050, 2000], [0, 17, 4100]):
+        sl.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend)
+        assert torch.equal(og, eager), new
+        assert_close_to_reference(og, lg, q, k, v, sl, block_table=bt)
