@@ -8,9 +8,10 @@ from .execute import clear_plans
 from .merge import merge_states, merge_states_n
 from .plan import DecodePlan, plan
 from .rope import RopeConfig, apply_rope
+from .warmup import warmup
 
 __version__ = "0.1.0"
 __all__ = [
     "decode", "plan", "DecodePlan", "merge_states", "merge_states_n", "cascade_decode",
-    "PagedKVCache", "CacheFullError", "clear_plans", "RopeConfig", "apply_rope", "reference", "debug", "__version__",
+    "PagedKVCache", "CacheFullError", "clear_plans", "RopeConfig", "apply_rope", "reference", "debug", "warmup", "__version__",
 ]
