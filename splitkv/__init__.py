@@ -13,5 +13,6 @@ from .warmup import warmup
 __version__ = "0.1.0"
 __all__ = [
     "decode", "plan", "DecodePlan", "merge_states", "merge_states_n", "cascade_decode",
-    "PagedKVCache", "CacheFullError", "clear_plans", "RopeConfig", "apply_rope", "reference", "debug", "warmup", "__version__",
+    "PagedKVCache", "CacheFullError", "clear_plans", "RopeConfig", "apply_rope", "reference", "debug", "warmup",
+    "__version__",
 ]
