@@ -292,7 +292,7 @@ def test_headline_suite_covers_peers_md_and_the_ragged_batch():
 def test_noplan_provider_mode():
     p = registry.make("splitkv-auto-noplan")
     assert isinstance(p, SplitKV) and p.backend == "auto" and p.noplan and p.name == "splitkv-auto-noplan"
-    assert not p.graphable and "not capturable" in p.graph_note
+    assert not p.graphable and "eager only" in p.graph_note
     q = registry.make("splitkv-auto")
     assert not q.noplan and q.graphable
     assert registry.expand("splitkv", ("triton", "cutlass")) == [

@@ -87,7 +87,7 @@ class _SplitKVNoPlanSession(Session):
     """No plan: `splitkv.decode(q, k, v, lens, backend=...)`, exactly what a new user calls; whatever
     decode does to plan for itself is inside every timed call."""
 
-    note = "no plan: decode(q, k, v, lens) as a user calls it"
+    note = "no plan: decode(q, k, v, lens)"
 
     def __init__(self, backend: str, case: Case, num_splits: int | None):
         s = case.shape
@@ -125,8 +125,7 @@ class SplitKV(Provider):
         self.name = f"splitkv-{backend}" + (NOPLAN if noplan else "")
         # the torch backend sizes its padded grid from device values on the host: not capturable
         self.graphable = backend != "torch" and not noplan
-        self.graph_note = ("eager only: decode without a plan is not capturable (graph: splitkv-"
-                           f"{backend})" if noplan else "not graph-capturable")
+        self.graph_note = "eager only, not capturable" if noplan else "not graph-capturable"
 
     def unavailable(self) -> str | None:
         if self.backend == "cutlass" and not backends.cutlass_available():
