@@ -7,10 +7,15 @@ over their union:
     m = max(lse_a, lse_b);  w_x = exp(lse_x - m);  o = (w_a o_a + w_b o_b) / (w_a + w_b);
     lse = m + log(w_a + w_b)
 
-A -inf state (no key seen) weighs 0 and its o is never read (it may hold NaN); two empty states
-give o = 0, lse = -inf. This is the split-KV combine with partials from anywhere: cascade
-attention (a shared prefix attended once + per-request suffixes) and multi-GPU decode (each rank
-attends its shard of the keys) are built from it.
+An empty state (no key seen) weighs exactly 0 and its o is never read (it may hold NaN). Empty
+is lse = -inf, and also lse = +inf: the value FlashAttention kernels return for a row with no
+keys (vLLM's merge_attn_states reads it the same way), so their states merge as they are; +inf
+never yields NaN. Merging only empty states gives o = 0, lse = -inf. A NaN lse is not empty: it
+propagates, the merged o and lse of that row are NaN (as SDPA propagates a NaN input).
+
+This is the split-KV combine with partials from anywhere: cascade attention (a shared prefix
+attended once + per-request suffixes) and multi-GPU decode (each rank attends its shard of the
+keys) are built from it.
 
 Layouts follow decode: o [B, Sq, Hq, D], lse [B, Hq, Sq] fp32. The N-way form takes a stacked
 leading axis, o [N, B, Sq, Hq, D], lse [N, B, Hq, Sq], and hands the combine a permuted view
@@ -42,7 +47,10 @@ def _check_lse(name: str, lse: torch.Tensor, want: tuple, device) -> None:
 
 def merge_states_n(o: torch.Tensor, lse: torch.Tensor):
     """Merge N states stacked on a leading axis: o [N, B, Sq, Hq, D], lse [N, B, Hq, Sq] ->
-    (o [B, Sq, Hq, D] in o's dtype, lse [B, Hq, Sq] fp32)."""
+    (o [B, Sq, Hq, D] in o's dtype, lse [B, Hq, Sq] fp32).
+
+    lse = -inf or +inf marks an empty state (weight 0, o never read); all empty -> o = 0,
+    lse = -inf; a NaN lse makes that row's o and lse NaN."""
     _check_tensor("o", o)
     _check_tensor("lse", lse)
     if o.dim() != 5:
@@ -64,6 +72,10 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_
 
     o_a, o_b [B, Sq, Hq, D] (same dtype); lse_a, lse_b [B, Hq, Sq] (fp32, natural log).
     Returns (o [B, Sq, Hq, D] in o_a's dtype, lse [B, Hq, Sq] fp32).
+
+    A state with lse = -inf or lse = +inf (FlashAttention's value for a row with no keys) is
+    empty: it weighs 0 and its o is never read, so o_b passes through unchanged (and vice versa);
+    both empty -> o = 0, lse = -inf. A NaN lse propagates: that row's o and lse are NaN.
     """
     for name, t in (("o_a", o_a), ("lse_a", lse_a), ("o_b", o_b), ("lse_b", lse_b)):
         _check_tensor(name, t)

@@ -9,7 +9,8 @@ Semantics (the contract every backend matches):
   * query i of Sq sits at absolute position L_b - Sq + i; with causal=True it sees keys at
     positions <= its own, otherwise every valid key;
   * query head h reads KV head h // (Hq // Hkv);
-  * a query that sees no key gets o = 0 and lse = -inf.
+  * a query that sees no key gets o = 0 and lse = -inf;
+  * NaN in q or in a key / value the query uses propagates to its o and lse (as in SDPA).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def decode_reference(
         if causal:
             s = s.masked_fill(_future(L, Sq, q.device), -math.inf)
         row_lse = torch.logsumexp(s, dim=-1)  # [Hq, Sq]
-        p = torch.exp(s - row_lse[..., None]).nan_to_num(0.0)  # rows with no key: exp(-inf+inf)
+        # rows with no key: exp(-inf + inf) = NaN -> 0; NaN scores (NaN in q / k) stay NaN
+        p = torch.exp(s - row_lse[..., None]).masked_fill((row_lse == -math.inf)[..., None], 0.0)
         o[b] = torch.einsum("hqk,khd->qhd", p, v)
         lse[b] = row_lse
     return o, lse

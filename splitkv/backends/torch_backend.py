@@ -5,6 +5,9 @@ Every split of every request runs at once: keys are gathered into a padded [B, S
 fp32. Partials go to the plan's workspace in the shared layout (o_part [S, B, Hq, Sq, D],
 lse_part [S, B, Hq, Sq]) and `combine` merges them exactly as the GPU combine kernel does.
 Deterministic: the same inputs give bitwise the same outputs.
+NaN in q or in a used key / value propagates to o and lse (as in SDPA); only a row with no
+visible key is o = 0, lse = -inf. The combine takes lse = -inf or +inf (FlashAttention's "no
+key") as an empty partial (weight exactly 0, o never read) and propagates a NaN lse.
 """
 
 from __future__ import annotations
@@ -61,7 +64,9 @@ def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, caus
         mask = mask & (pos[:, :, None, None, None, :] <= qpos[:, None, None, None, :, None])
     s = s.masked_fill(~mask, NEG_INF)
     lse = torch.logsumexp(s, dim=-1)  # [B, S, Hkv, G, Sq]; -inf where the split saw no key
-    p = torch.exp(s - lse[..., None]).nan_to_num_(0.0)
+    # only a row with no key is zeroed (exp(-inf + inf) = NaN there); NaN scores stay NaN
+    p = torch.exp(s - lse[..., None]).masked_fill_((lse == NEG_INF)[..., None], 0.0)
+    lse = lse.masked_fill(lse == math.inf, math.nan)  # a +inf score: NaN, never "empty" (+inf)
     o = torch.einsum("bshgtc,bschd->bshgtd", p, v)
     S = plan.max_splits
     o = o.permute(1, 0, 2, 3, 4, 5).reshape(S, B, Hq, Sq, D)
@@ -73,19 +78,25 @@ def combine(o_part, lse_part, num_splits, out, lse_out):
     """Exact merge of split partials: out [B, Sq, Hq, D], lse_out [B, Hq, Sq].
 
     o_part [S, B, Hq, Sq, D], lse_part [S, B, Hq, Sq]; only the first num_splits[b] splits of a
-    request are read; -inf partials weigh 0; a row whose every split is empty gives 0 / -inf.
+    request are read; an empty partial (lse -inf, or +inf as FlashAttention returns for a row with
+    no key) weighs exactly 0 and its o is never used; a row whose every split is empty gives
+    0 / -inf; a NaN lse makes the row's o and lse NaN.
     """
     S = o_part.shape[0]
-    live = torch.arange(S, device=o_part.device)[:, None] < num_splits.long()[None, :]  # [S, B]
-    lse = lse_part.float().masked_fill(~live[:, :, None, None], NEG_INF)
-    m = lse.amax(dim=0)
-    m_safe = torch.where(torch.isinf(m), 0.0, m)
-    w = torch.exp(lse - m_safe)  # [S, B, Hq, Sq]
+    in_range = torch.arange(S, device=o_part.device)[:, None] < num_splits.long()[None, :]  # [S, B]
+    lse = lse_part.float()
+    empty = ~in_range[:, :, None, None] | torch.isinf(lse)  # -inf and +inf: no key
+    lse = lse.masked_fill(empty, NEG_INF)
+    m = lse.amax(dim=0)  # NaN if any live partial is NaN
+    m_safe = torch.where(m == NEG_INF, 0.0, m)
+    w = torch.exp(lse - m_safe).masked_fill_(empty, 0.0)  # [S, B, Hq, Sq]; exactly 0 when empty
     den = w.sum(dim=0)
-    num = torch.where(w[..., None] > 0, w[..., None] * o_part.float(), 0.0).sum(dim=0)
-    o = torch.where(den[..., None] > 0, num / den.clamp_min(1e-30)[..., None], 0.0)  # [B, Hq, Sq, D]
+    live = w != 0  # NaN != 0: a NaN partial is read (and poisons the row); an empty one never
+    num = torch.where(live[..., None], w[..., None] * o_part.float(), 0.0).sum(dim=0)
+    has = den != 0  # NaN passes: only a row with no live partial is 0 / -inf
+    o = torch.where(has[..., None], num / torch.where(has, den, 1.0)[..., None], 0.0)  # [B, Hq, Sq, D]
     out.copy_(o.permute(0, 2, 1, 3))
-    lse_out.copy_(torch.where(den > 0, m_safe + torch.log(den), NEG_INF))
+    lse_out.copy_(torch.where(has, m_safe + torch.log(torch.where(has, den, 1.0)), NEG_INF))
 
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):

@@ -4,8 +4,10 @@ per CTA.
 Math (exact merge of normalised partial states, natural-log LSE):
     m = max_i lse_i;  w_i = exp(lse_i - m);  o = sum_i w_i o_i / sum_i w_i;  lse = m + log sum_i w_i
 Only the first num_splits[b] partials of the row are read (capped at the partials' split axis);
-a partial with w_i = 0 (lse -inf) never enters the sum (selected away, so a NaN in its o_i
-cannot leak); a row whose every partial is -inf gives o = 0, lse = -inf. With skip_single,
+an empty partial (lse -inf, or +inf: FlashAttention's value for a row with no key) has w_i = 0
+and never enters the sum (selected away, so a NaN in its o_i cannot leak); a row whose every
+partial is empty gives o = 0, lse = -inf. A NaN lse_i propagates: fmax drops it from the max, but
+its weight exp2(NaN) is NaN and the tests are `!= 0` (unordered), so o and lse come out NaN. With skip_single,
 rows of requests with one split are left alone (the split kernel wrote them already).
 
 Each lane owns D / 32 contiguous columns. Lane j loads the LSE of split j once, for the max and the
@@ -32,6 +34,11 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 ROWS_PER_CTA = 4
 CHUNK = 32  # splits per weight chunk: one per lane
+
+
+def empty_as_neg_inf(lse):
+    """+inf (a row with no key, as FlashAttention writes it) is empty, like -inf."""
+    return cutlass.select_(lse == Float32.inf, -Float32.inf, lse)
 
 
 def warp_allreduce_max(val):
@@ -92,11 +99,11 @@ class CombineKernel:
                 # lane j keeps the LSE of split j: with <= 32 splits the weights need no second load
                 l_first = -Float32.inf
                 if lane < n:
-                    l_first = gmem_vec(Float32, lse_row + Int64(lane) * sl[0] * 4, 1, 4)[0]
+                    l_first = empty_as_neg_inf(gmem_vec(Float32, lse_row + Int64(lane) * sl[0] * 4, 1, 4)[0])
                 m = l_first
                 for s in cutlass.range(lane + 32, n, 32, unroll=1):
                     g = gmem_vec(Float32, lse_row + Int64(s) * sl[0] * 4, 1, 4)
-                    m = cute.arch.fmax(m, g[0])
+                    m = cute.arch.fmax(m, empty_as_neg_inf(g[0]))
                 m = warp_allreduce_max(m)
                 m_use = 0.0 if m == -Float32.inf else m
 
@@ -109,9 +116,9 @@ class CombineKernel:
                     if s0 > 0:
                         l_mine = -Float32.inf
                         if mine < n:
-                            l_mine = gmem_vec(Float32, lse_row + Int64(mine) * sl[0] * 4, 1, 4)[0]
+                            l_mine = empty_as_neg_inf(gmem_vec(Float32, lse_row + Int64(mine) * sl[0] * 4, 1, 4)[0])
                     w_mine = Float32(0.0)
-                    if l_mine != -Float32.inf:
+                    if l_mine != -Float32.inf:  # unordered: a NaN lse gets a NaN weight
                         w_mine = cute.math.exp2((l_mine - m_use) * LOG2E, fastmath=True)
                     for j in cutlass.range_constexpr(CHUNK):
                         w = cute.arch.shuffle_sync(w_mine, j)
@@ -122,10 +129,10 @@ class CombineKernel:
                         val = cute.make_rmem_tensor((EPL,), Float32)
                         val.store(o.load().to(Float32))  # unconditional (no branch): the loads overlap
                         total = total + w
-                        live = w > 0.0
+                        live = w != 0.0  # NaN is live (poisons the row); an empty split is not
                         for e in cutlass.range_constexpr(EPL):
                             acc[e] = acc[e] + cutlass.select_(live, val[e] * w, Float32(0.0))
-                has_key = total > 0.0
+                has_key = total != 0.0  # NaN passes: only a row with no live partial is 0 / -inf
                 inv = 1.0 / total if has_key else 0.0
                 so = out_strides
                 dst = gmem_vec(self.out_dtype, out + (Int64(b) * so[0] + Int64(t) * so[1] + Int64(h) * so[2]

@@ -4,8 +4,10 @@ Each warp leaves an unnormalised fp32 output O_w [16, D] and per row (m_w, l_w) 
 sum over its keys). For a row with warps w = 0 .. warps_n - 1 (in index order: deterministic):
     m = max_w m_w;  a_w = exp2(m_w - m);  L = sum_w a_w l_w;  o = sum_w a_w O_w / L
     lse = (m + log2 L) * ln 2        (natural log, as the API and the partials use)
-L == 0 (no key seen) gives o = 0, lse = -inf. A request with one split writes o (input dtype) and
-lse straight to the outputs; otherwise o_part [S, B, Hq, Sq, D] and lse_part [S, B, Hq, Sq] fp32.
+L == 0 (no key seen) gives o = 0, lse = -inf; L = NaN (NaN in q or a used key / value) passes the
+"saw a key" test L != 0 (unordered compare), so o and lse come out NaN, never 0 / -inf.
+A request with one split writes o (input dtype) and lse straight to the outputs; otherwise
+o_part [S, B, Hq, Sq, D] and lse_part [S, B, Hq, Sq] fp32.
 """
 
 from dataclasses import dataclass
@@ -117,7 +119,7 @@ def merge_and_store(sRed, sMax, sSum, outs: Outputs, tidx: Int32, row0: Int32, n
                 total = total + a * sSum[w, row]
                 part = cute.local_tile(sRed[row, None, w], (VEC,), (col // VEC,))
                 acc.store(acc.load() + part.load() * a)
-            has_key = total > 0.0
+            has_key = total != 0.0  # unordered: NaN passes, so a NaN row stays NaN
             inv = 1.0 / total if has_key else 0.0
             lse = (m_use + cute.math.log2(total, fastmath=False)) * LN2 if has_key else -Float32.inf
             outs.store(p, col, acc.load() * inv, lse, col == 0)

@@ -12,8 +12,10 @@ CTA works (Triton's fused merge walks the splits of a row serially, one L2 round
 loses past 8 splits: heuristics.FUSED_COMBINE_MAX_SPLITS). Each item walks the splits in chunks of
 CHUNK with every load of a chunk issued before any is used, and rescales its running state between
 chunks (online softmax over splits). Split order is fixed: deterministic. Semantics as the combine
-kernel: a -inf partial contributes nothing (selected away, so its o cannot leak NaN); a row whose
-every partial is -inf gets o = 0, lse = -inf.
+kernel: an empty partial (lse -inf, or +inf) weighs exactly 0 and contributes nothing (selected
+away, so its o cannot leak NaN); a row whose every partial is empty gets o = 0, lse = -inf; a NaN
+partial (NaN in q or a used key / value) makes the row's o and lse NaN (fmax drops the NaN from
+the max, but its weight exp2(NaN) is NaN, and the tests are `!= 0`, which NaN passes).
 """
 
 import cutlass
@@ -78,7 +80,9 @@ def merge_partials(outs, n_splits: Int32, tidx: Int32, row0: Int32, num_rows: In
                     # past n_splits: re-read the last split (a valid address), selected away below
                     s = Int64(cutlass.min(s0 + j, n_splits - 1))
                     g = gmem_vec(Float32, l_row + s * sl[0] * 4, 1, 4)
-                    lv[j] = cutlass.select_(s0 + j < n_splits, g[0], -Float32.inf)
+                    l_s = g[0]
+                    l_s = cutlass.select_(l_s == Float32.inf, -Float32.inf, l_s)  # +inf: empty too
+                    lv[j] = cutlass.select_(s0 + j < n_splits, l_s, -Float32.inf)
                     ov[j].store(gmem_vec(Float32, o_row + s * sp[0] * 4, VEC, 4 * VEC).load())
                 m_new = m_run
                 for j in cutlass.range_constexpr(CHUNK):
@@ -91,11 +95,11 @@ def merge_partials(outs, n_splits: Int32, tidx: Int32, row0: Int32, num_rows: In
                 for j in cutlass.range_constexpr(CHUNK):
                     w = cute.math.exp2((lv[j] - m_use) * LOG2E, fastmath=True)
                     total = total + w
-                    live = w > 0.0
+                    live = w != 0.0  # unordered: a NaN weight is live (poisons the row), 0 is not
                     for e in cutlass.range_constexpr(VEC):
                         acc[e] = acc[e] + cutlass.select_(live, ov[j][e] * w, Float32(0.0))
                 m_run = m_new
-            has_key = total > 0.0
+            has_key = total != 0.0  # NaN passes: a NaN row stays NaN; only no live partial is 0 / -inf
             inv = 1.0 / total if has_key else 0.0
             lse = (m_run + cute.math.log(total, fastmath=False)) if has_key else -Float32.inf
             outs.store(p, col, acc.load() * inv, lse, col == 0)

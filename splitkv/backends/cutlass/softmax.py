@@ -6,6 +6,9 @@ over the quad only in the epilogue, because every rescale factor is quad-uniform
 
 A row that has seen no key keeps m = -inf: exponents then use m_use = 0, so exp2(-inf - 0) = 0
 and nothing is NaN; its l stays 0, which the epilogue turns into o = 0, lse = -inf.
+NaN scores (NaN in q or in a used key) propagate: fmax drops a NaN (m stays the max of the other
+scores, or -inf), but p = exp2(NaN - m_use) is NaN, so l and the row of O turn NaN and stay NaN;
+the epilogue's "saw a key" test is l != 0, which NaN passes, so o and lse come out NaN.
 """
 
 from dataclasses import dataclass

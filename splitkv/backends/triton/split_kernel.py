@@ -10,11 +10,16 @@ block_table [B, max_pages] (pages gathered here, per key row; entries past the l
 never read); any strides with unit stride on D.
 Outputs: a request with num_splits == 1 writes o (q dtype) and lse directly — no combine needed;
 otherwise o_part [S, B, Hq, Sq, D] fp32 (normalised) and lse_part [S, B, Hq, Sq] fp32 (natural
-log, -inf for a split that saw no key; then o_part = 0). With FUSED_COMBINE the last split block
+log, -inf for a split that saw no key; then o_part = 0). NaN in q or in a used key / value
+propagates to o and lse (as in SDPA): "saw a key" is l != 0, which NaN passes; only a row with no
+visible key is o = 0, lse = -inf. With FUSED_COMBINE the last split block
 of each (request, KV head, m-tile) to arrive (an atomic counter per group, COUNTERS, zero between
 launches) merges the group's partials itself, so no combine launch follows.
 Deterministic: a fixed reduction order per program and a merge in split order; the counter only
 decides which block merges, not the arithmetic.
+Offsets: every product of an index and a stride is 64-bit (the index is cast first), so a cache
+or workspace of more than 2^31 elements (e.g. [B, Hkv, L, D] storage viewed with .transpose(1, 2),
+where kvh * s_kh passes 2^31 once (Hkv - 1) * Lmax * D does) is addressed correctly.
 """
 
 import triton
@@ -34,8 +39,9 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scal
     n_ok = offs_n < end
     if PAGED:
         page = tl.load(BT + b.to(tl.int64) * s_btb + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-        k_row = page * s_kb + (offs_n % PAGE_SIZE) * s_kn
-        v_row = page * s_vb + (offs_n % PAGE_SIZE) * s_vn
+        in_page = (offs_n % PAGE_SIZE).to(tl.int64)
+        k_row = page * s_kb + in_page * s_kn
+        v_row = page * s_vb + in_page * s_vn
     else:
         k_row = b.to(tl.int64) * s_kb + offs_n.to(tl.int64) * s_kn  # B * Lmax * Hkv * D may pass 2^31
         v_row = b.to(tl.int64) * s_vb + offs_n.to(tl.int64) * s_vn
@@ -49,6 +55,8 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scal
     if CAUSAL:
         ok = ok & (offs_n[None, :] <= qpos[:, None])
     s = tl.where(ok, s, float("-inf"))
+    # NaN scores (NaN in q or a used key): whether max keeps the NaN (interpreter) or drops it
+    # (GPU maxnumf), p = exp2(NaN - m) is NaN, so l and acc turn NaN and stay NaN
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2(-inf) = 0
     p = tl.exp2(s - m_use[:, None])
@@ -61,27 +69,30 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scal
 @triton.jit
 def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows, lse_rows, row_ok,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Exact merge of n normalised partials of BLOCK_M rows (same math as combine_kernel.py).
-    Loads bypass L1 (.cg): the partials were written by other SMs."""
+    """Exact merge of n normalised partials of BLOCK_M rows (same math and NaN / empty rules as
+    combine_kernel.py). Loads bypass L1 (.cg): the partials were written by other SMs."""
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    s = 0
+    s = tl.full((), 0, tl.int64)  # 64-bit: s * s_ps may pass 2^31
     while s < n:
-        m = tl.maximum(m, tl.load(LSE_PART + s * s_ls + l_rows, mask=row_ok, other=float("-inf"),
-                                  cache_modifier=".cg"))
+        ls = tl.load(LSE_PART + s * s_ls + l_rows, mask=row_ok, other=float("-inf"),
+                     cache_modifier=".cg")
+        m = tl.maximum(m, tl.where(ls == float("inf"), float("-inf"), ls))
         s += 1
     m_use = tl.where(m == float("-inf"), 0.0, m)
     den = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    s = 0
+    s = tl.full((), 0, tl.int64)
     while s < n:
-        w = tl.exp(tl.load(LSE_PART + s * s_ls + l_rows, mask=row_ok, other=float("-inf"),
-                           cache_modifier=".cg") - m_use)
-        live = w > 0.0
+        ls = tl.load(LSE_PART + s * s_ls + l_rows, mask=row_ok, other=float("-inf"),
+                     cache_modifier=".cg")
+        empty = (ls == float("-inf")) | (ls == float("inf"))  # weight exactly 0, o never read
+        w = tl.where(empty, 0.0, tl.exp(ls - m_use))  # NaN lse -> NaN weight: propagates
+        live = w != 0.0  # NaN != 0: a NaN partial is read and poisons the row, as it must
         o = tl.load(O_PART + s * s_ps + p_rows, mask=live[:, None], other=0.0, cache_modifier=".cg")
         acc += tl.where(live[:, None], o * w[:, None], 0.0)
         den += w
         s += 1
-    has = den > 0.0
+    has = den != 0.0  # NaN passes; only a row with no live partial is 0 / -inf
     out = tl.where(has[:, None], acc / tl.where(has, den, 1.0)[:, None], 0.0)
     tl.store(O + o_rows, out.to(O.dtype.element_ty), mask=row_ok[:, None])
     tl.store(LSE + lse_rows, tl.where(has, m_use + tl.log(tl.where(has, den, 1.0)), float("-inf")), mask=row_ok)
@@ -125,7 +136,11 @@ def split_kernel(
     tok = rows // G
     head = kvh * G + rows % G
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + b * s_qb + tok[:, None] * s_qt + head[:, None] * s_qh + d[None, :],
+    # 64-bit offsets: cast every index before it meets a stride (the products may pass 2^31)
+    b64 = b.to(tl.int64)
+    tok64 = tok.to(tl.int64)
+    head64 = head.to(tl.int64)
+    q = tl.load(Q + b64 * s_qb + tok64[:, None] * s_qt + head64[:, None] * s_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
     if UPCAST:  # the interpreter's bf16 dot is wrong (triton#11584): do it in fp32 there
         q = q.to(tl.float32)
@@ -134,8 +149,8 @@ def split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    k_head = K + kvh * s_kh
-    v_head = V + kvh * s_vh
+    k_head = K + kvh.to(tl.int64) * s_kh  # (Hkv - 1) * s_kh passes 2^31 for [B, Hkv, L, D] storage
+    v_head = V + kvh.to(tl.int64) * s_vh
     if UPCAST:  # interpreter: program ids are 1-element arrays, which `range` rejects
         n0 = start
         while n0 < end:
@@ -149,18 +164,21 @@ def split_kernel(
                                          s_kb, s_kn, s_vb, s_vn, s_btb,
                                          BLOCK_N, PAGE_SIZE, PAGED, CAUSAL, UPCAST)
 
-    has_key = l_i > 0.0
-    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    # saw a key: l != 0 (l >= 1 after any finite score). NaN != 0, so a NaN row keeps o = NaN and
+    # lse = NaN; only a row with no visible key (l == 0) is o = 0, lse = -inf
+    has_key = l_i != 0.0
+    o = tl.where(has_key[:, None], acc / tl.where(has_key, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
+    o_rows = b64 * s_ob + tok64[:, None] * s_ot + head64[:, None] * s_oh + d[None, :]
+    lse_rows = b64 * s_lob + head64 * s_loh + tok64
     if n_splits == 1:
-        tl.store(O + b * s_ob + tok[:, None] * s_ot + head[:, None] * s_oh + d[None, :],
-                 o.to(O.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(LSE + b * s_lob + head * s_loh + tok, lse, mask=row_ok)
+        tl.store(O + o_rows, o.to(O.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + lse_rows, lse, mask=row_ok)
     else:
-        p_rows = b * s_pb + head[:, None] * s_ph + tok[:, None] * s_pt + d[None, :]
-        l_rows = b * s_lb + head * s_lh + tok
-        tl.store(O_PART + split * s_ps + p_rows, o, mask=row_ok[:, None])
-        tl.store(LSE_PART + split * s_ls + l_rows, lse, mask=row_ok)
+        p_rows = b64 * s_pb + head64[:, None] * s_ph + tok64[:, None] * s_pt + d[None, :]
+        l_rows = b64 * s_lb + head64 * s_lh + tok64
+        tl.store(O_PART + split.to(tl.int64) * s_ps + p_rows, o, mask=row_ok[:, None])
+        tl.store(LSE_PART + split.to(tl.int64) * s_ls + l_rows, lse, mask=row_ok)
         if FUSED_COMBINE:
             # the last split block of this (request, KV head, m-tile) to finish merges all of them,
             # saving the combine launch; the counter is reset by that block, so it is zero again
@@ -170,5 +188,4 @@ def split_kernel(
             if arrived == n_splits - 1:
                 tl.atomic_xchg(COUNTERS + pid, 0)
                 _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n_splits, s_ps, s_ls,
-                            b * s_ob + tok[:, None] * s_ot + head[:, None] * s_oh + d[None, :],
-                            b * s_lob + head * s_loh + tok, row_ok, BLOCK_M, HEAD_DIM)
+                            o_rows, lse_rows, row_ok, BLOCK_M, HEAD_DIM)
