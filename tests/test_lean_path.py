@@ -86,13 +86,13 @@ def test_bad_scalars_are_named():
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_strided_seqlens_and_block_table(backend):
     lens = [900, 40, 333]
-    q, k, v, sl = make_inputs(3, 2, 8, 2, 64, lens, BF16)
+    q, k, v, sl = make_inputs(3, 2, 8, 2, 64, lens, BF16, DEV if backend != "torch" else "cpu")
     both = torch.stack([sl, torch.full_like(sl, 10 ** 6)], 1)  # a column of a 2-D tensor: stride 2
     o = splitkv.decode(q, k, v, both[:, 0], num_splits=3, backend=backend)
     ref = splitkv.decode(q, k, v, sl, num_splits=3, backend=backend)
     assert torch.equal(o, ref)
     kp, vp, bt = to_paged(k, v, lens, 16)
-    wide = torch.full((bt.shape[0], 2 * bt.shape[1]), -1, dtype=torch.int32)
+    wide = torch.full((bt.shape[0], 2 * bt.shape[1]), -1, dtype=torch.int32, device=bt.device)
     wide[:, ::2] = bt  # a column-strided view of a wider table
     o = splitkv.decode(q, kp, vp, both[:, 0], block_table=wide[:, ::2], num_splits=3, backend=backend)
     assert torch.equal(o, splitkv.decode(q, kp, vp, sl, block_table=bt, num_splits=3, backend=backend))
