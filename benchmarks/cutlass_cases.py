@@ -149,7 +149,7 @@ def check_graph(device="cuda") -> dict:
     """Capture decode with a graph-safe plan, replay after changing lengths in place."""
     q, k, v, seqlens, bt, _, _ = make_inputs("bf16", 128, 32, 8, 1, [5000, 3000], page_size=16, device=device,
                                              lmax=8192)
-    p = splitkv.plan(seqlens, 32, 8, 128, max_seqlen=8192)
+    p = splitkv.plan(seqlens, 32, 8, 128, max_seqlen=8192, backend="cutlass", paged=bt is not None)
     out = torch.empty_like(q)
     kw = dict(block_table=bt, plan=p, out=out, backend="cutlass")
     splitkv.decode(q, k, v, seqlens, **kw)  # compile + module load outside the capture

@@ -215,7 +215,13 @@ def _bench_shape(B, Hq, Hkv, L, page, backends_, split_cfg=None, direct=None):
     kv_bytes = 2 * B * L * Hkv * D * 2
     copies = max(1, min(16, -(-240_000_000 // kv_bytes)))
     sets = [make_inputs(dtype, D, Hq, Hkv, 1, [L] * B, page, seed=i)[:5] for i in range(copies)]
-    p = splitkv.plan(sets[0][3], Hq, Hkv, D)
+    p = splitkv.plan(sets[0][3], Hq, Hkv, D, backend="cutlass", paged=page is not None)  # the direct A/B path
+    plans = {"cutlass": p}
+
+    def plan_of(be):  # a decode call runs the plan made for its backend and layout
+        if be not in plans:
+            plans[be] = splitkv.plan(sets[0][3], Hq, Hkv, D, backend=be, paged=page is not None)
+        return plans[be]
     outs = [torch.empty_like(s[0]) for s in sets]
     row = dict(B=B, Hq=Hq, Hkv=Hkv, L=L, page=page, kv_mb=round(kv_bytes / 1e6, 1), splits=p.max_splits)
     for be in backends_:
@@ -226,7 +232,8 @@ def _bench_shape(B, Hq, Hkv, L, page, backends_, split_cfg=None, direct=None):
                 return lambda: _split_direct(q, k, v, sl, bt, p, outs[i], **kw)
             if split_cfg is not None:
                 return lambda: _split_direct(q, k, v, sl, bt, p, outs[i], split_cfg)
-            return lambda: splitkv.decode(q, k, v, sl, block_table=bt, plan=p, out=outs[i], backend=be)
+            pb = plan_of(be)
+            return lambda: splitkv.decode(q, k, v, sl, block_table=bt, plan=pb, out=outs[i], backend=be)
         try:
             call(0)()
             eager = triton.testing.do_bench(call(0), warmup=25, rep=200, return_mode="median") * 1e3

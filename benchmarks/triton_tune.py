@@ -93,7 +93,7 @@ def shape_rows(B, Hq, Hkv, L, D=128, dt=torch.bfloat16):
             row(f"sdpa_{which}", bench(f), o)
         except Exception as e:  # noqa: BLE001 - a peer that rejects a shape is reported, not fatal
             print(f"  sdpa_{which} failed: {type(e).__name__}: {str(e)[:120]}")
-    base = splitkv.plan(sl, Hq, Hkv, D)
+    base = splitkv.plan(sl, Hq, Hkv, D, backend="triton")
     for tile in TILES:
         p2 = dataclasses.replace(base, tile=H.TileConfig(base.tile.block_m, *tile))  # same splits
         for kk, vv, lay in ((kn, vn, "BLHD"), (kh.transpose(1, 2), vh.transpose(1, 2), "BHLD")):
@@ -103,17 +103,17 @@ def shape_rows(B, Hq, Hkv, L, D=128, dt=torch.bfloat16):
                 o = splitkv.decode(q, kk, vv, sl, plan=p2, backend="triton")
                 row(f"triton n{tile[0]} w{tile[1]} s{tile[2]} {lay}", bench(lambda: splitkv.decode(
                     q, kk, vv, sl, plan=p2, backend="triton")), o,
-                    dict(splits=base.num_splits_host[0], tile=tile, layout=lay))
+                    dict(splits=int(base.num_splits[0]), tile=tile, layout=lay))
             except Exception as e:  # noqa: BLE001
                 print(f"  tile {tile} failed: {type(e).__name__}: {str(e)[:200]}")
     for bps in (1, 4):
         old = H.BLOCKS_PER_SM
         H.BLOCKS_PER_SM = bps
-        p = splitkv.plan(sl, Hq, Hkv, D)
+        p = splitkv.plan(sl, Hq, Hkv, D, backend="triton")
         H.BLOCKS_PER_SM = old
         o = splitkv.decode(q, kn, vn, sl, plan=p, backend="triton")
         row(f"triton blocks_per_sm={bps}", bench(lambda: splitkv.decode(q, kn, vn, sl, plan=p, backend="triton")),
-            o, dict(splits=p.num_splits_host[0]))
+            o, dict(splits=int(p.num_splits[0])))
     return rows
 
 
@@ -129,9 +129,9 @@ def graph_rows(B, Hq, Hkv, L, D=128, dt=torch.bfloat16):
     for tile in TILES:
         for bps in ((1, 2, 4) if tile == TILES[0] else (2,)):
             old, H.BLOCKS_PER_SM = H.BLOCKS_PER_SM, bps
-            p = splitkv.plan(sl, Hq, Hkv, D, max_seqlen=L)
+            p = splitkv.plan(sl, Hq, Hkv, D, max_seqlen=L, backend="triton")
             H.BLOCKS_PER_SM = old
-            p.tile = H.TileConfig(p.tile.block_m, *tile)
+            p = dataclasses.replace(p, tile=H.TileConfig(p.tile.block_m, *tile))
             us = graph_us(lambda i, p=p: (lambda: splitkv.decode(qs[i], ks[i], vs[i], sl, plan=p, out=out,
                                                                  backend="triton")), n)
             rows.append(dict(B=B, Hq=Hq, Hkv=Hkv, L=L, provider=f"triton graph n{tile[0]} w{tile[1]} s{tile[2]} bps{bps}",

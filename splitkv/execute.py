@@ -2,7 +2,8 @@
 stream, or passed in) -> schedule on the device -> backend launch.
 
 Per call, without a plan, the host does: one signature lookup, one plan lookup, the schedule launch
-and the split launch (+ the combine launch where the merge is not fused), and allocates o (and lse
+(skipped when the lengths tensor is unchanged since the plan's last schedule: the layers of a step
+share one) and the split launch (+ the combine launch where the merge is not fused), and allocates o (and lse
 when returned). It never reads cache_seqlens: no device->host sync, and the call can be captured in
 a CUDA graph (its plan is sized for the cache's capacity: Lmax, or max_pages * page_size).
 """
@@ -74,7 +75,8 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
                                      softmax_scale, backend, causal)
     if out is not None:
         validate.check_out(out, None, prob, q)
-    if not cache_seqlens.is_contiguous():  # the kernels read lengths (and table rows) unit-stride
+    copied = not cache_seqlens.is_contiguous()
+    if copied:  # the kernels read lengths (and table rows) unit-stride
         cache_seqlens = cache_seqlens.contiguous()
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
@@ -84,7 +86,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         if q.device.type == "cpu" or _debugging():  # CPU values are free to read; on a GPU only on demand
             validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
         plan = _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant)
-        plan.schedule(cache_seqlens)
+        plan.schedule(cache_seqlens) if copied else plan.schedule_if_new(cache_seqlens)
     else:
         if not isinstance(plan, DecodePlan):
             raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")

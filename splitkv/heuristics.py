@@ -43,7 +43,7 @@ BLOCKS_PER_SM = 2
 # (4.36 TB/s), B=1 MHA 32K 122.4 vs 127.1, B=1 GQA 32K 36.2 vs 39.9. Paged caches keep two per SM:
 # their row gather has one more dependent load to hide, and one per SM lost there (page 16, B=1
 # GQA 128K 137.7 us vs 130.7 with 33 splits; B=4 GQA 32K 137.1 vs 129.8). Plans are sized for the
-# backend and cache layout that will run them (plan.build_plan's `target`, `paged`).
+# backend and cache layout that will run them (plan.build: the backend, `paged`).
 CUTLASS_BLOCKS_PER_SM = 1
 
 

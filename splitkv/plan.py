@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -64,6 +64,8 @@ class DecodePlan:
     o_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq, D], None when no request can split
     lse_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq]
     lse_scratch: torch.Tensor  # fp32 [B, Hq, Sq]: the lse of calls that do not return it
+    # (data_ptr, _version) of the lengths the table was last computed from (see schedule_if_new)
+    last_lengths: list = field(default_factory=lambda: [None], repr=False)
 
     @property
     def max_splits(self) -> int:
@@ -109,8 +111,19 @@ class DecodePlan:
             raise ValueError(f"cache_seqlens: on {cache_seqlens.device}, the plan is for {self.device}")
         self.schedule(cache_seqlens)
 
+    def schedule_if_new(self, cache_seqlens: torch.Tensor) -> None:
+        """schedule(), skipped when these are the very lengths of the last schedule, unmodified since
+        (same tensor, same autograd version counter): the layers of one step share one launch. A
+        write the counter misses (a raw kernel writing the lengths) leaves a stale table, which
+        costs balance only; under CUDA-graph capture the launch is always recorded."""
+        key = (cache_seqlens.data_ptr(), cache_seqlens._version)
+        if key != self.last_lengths[0] or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self.schedule(cache_seqlens)
+            self.last_lengths[0] = key
+
     def schedule(self, cache_seqlens: torch.Tensor) -> None:
         """refresh() without the checks (decode has validated the lengths)."""
+        self.last_lengths[0] = None
         if self.rule.max_splits == 1:
             return  # sched was filled once: one split per request, whatever the lengths
         if self.device.type == "cuda" and backends.triton_available():

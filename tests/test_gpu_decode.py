@@ -84,7 +84,7 @@ def test_cuda_graph_replay_follows_new_lengths(backend, paged):
     bt = None
     if paged:
         k, v, bt = to_paged(k, v, [Lmax] * B, 16, extra_pages=0)
-    p = splitkv.plan(sl, Hq, Hkv, D, max_seqlen=Lmax)
+    p = splitkv.plan(sl, Hq, Hkv, D, max_seqlen=Lmax, backend=backend, paged=paged)
     out = torch.empty_like(q)
     def step():
         p.refresh(sl)  # once per step, captured with the decode

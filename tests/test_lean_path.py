@@ -38,7 +38,7 @@ def test_plan_call_mismatches_are_named():
 
 @pytest.mark.skipif(not backends.cutlass_available(), reason="needs nvidia-cutlass-dsl")
 def test_a_triton_plan_is_refused_by_a_cutlass_call():
-    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 40], BF16)
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [900, 40], BF16, DEV)
     p = splitkv.plan(sl, 8, 2, 64, backend="triton")
     with pytest.raises(ValueError, match="backend 'triton'.*'cutlass'"):
         splitkv.decode(q, k, v, sl, plan=p, backend="cutlass")
@@ -79,6 +79,24 @@ def test_bad_scalars_are_named():
         splitkv.decode(q, k, v, sl, causal=1)
     with pytest.raises(TypeError, match="batch_invariant"):
         splitkv.decode(q, k, v, sl, batch_invariant="yes")
+
+
+def test_plain_decode_reschedules_when_the_lengths_change(monkeypatch):
+    from splitkv import execute
+
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [4000, 40], BF16, pad=200)
+    calls = []
+    splitkv.decode(q, k, v, sl)
+    plan = next(iter(execute._PLANS.values()))
+    real = plan.schedule
+    object.__setattr__(plan, "schedule", lambda lens: calls.append(lens.tolist()) or real(lens))
+    splitkv.decode(q, k, v, sl)  # same tensor, unmodified: the table stands (layers of one step)
+    assert calls == []
+    sl[1] = 4100  # in place: the version counter moves
+    o = splitkv.decode(q, k, v, sl)
+    assert calls == [[4000, 4100]] and plan.num_splits.tolist() == splitkv.heuristics.schedule(sl, plan.rule)[0].tolist()
+    splitkv.decode(q, k, v, sl.clone())  # another tensor: rescheduled
+    assert len(calls) == 2
 
 
 # --- strided int tensors -------------------------------------------------------------------------------
@@ -178,7 +196,7 @@ def test_streams_get_their_own_workspace(backend):
 def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
     lens = [4000, 700, 1]
     q, k, v, sl = make_inputs(3, 1, 32, 8, 128, lens, BF16, "cuda", nan_tail=False, pad=200)
-    bt = None
+    kd, vd, bt = k, v, None
     if paged:  # every page the replays' lengths reach is in the table
         k, v, bt = to_paged(k, v, [4100] * 3, 16)
     splitkv.decode(q, k, v, sl, block_table=bt, backend=backend)  # compile + plan outside the checks
@@ -188,7 +206,7 @@ def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
         o, lse = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend, return_lse=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert_close_to_reference(o, lse, q, k, v, sl, block_table=bt)
+    assert_close_to_reference(o, lse, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm the capture stream's own plan
@@ -203,4 +221,4 @@ def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
         torch.cuda.synchronize()
         eager = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend)
         assert torch.equal(og, eager), new
-        assert_close_to_reference(og, lg, q, k, v, sl, block_table=bt)
+        assert_close_to_reference(og, lg, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
