@@ -93,8 +93,9 @@ def test_plain_decode_reschedules_when_the_lengths_change(monkeypatch):
     splitkv.decode(q, k, v, sl)  # same tensor, unmodified: the table stands (layers of one step)
     assert calls == []
     sl[1] = 4100  # in place: the version counter moves
-    o = splitkv.decode(q, k, v, sl)
+    o, lse = splitkv.decode(q, k, v, sl, return_lse=True)
     assert calls == [[4000, 4100]] and plan.num_splits.tolist() == splitkv.heuristics.schedule(sl, plan.rule)[0].tolist()
+    assert_close_to_reference(o, lse, q, k, v, sl)
     splitkv.decode(q, k, v, sl.clone())  # another tensor: rescheduled
     assert len(calls) == 2
 
