@@ -8,8 +8,8 @@ Row schema (JSON "rows"; one row per shape x dtype x provider; null where not me
 
   shape            str    suite shape name (reproduce with --shapes NAME)
   provider         str    splitkv-<backend> (plan reused: eager and graph rows),
-                          splitkv-<backend>-noplan (decode(q, k, v, lens) with no plan: eager and
-                          host only), sdpa-flash, sdpa-cudnn, sdpa-efficient, flashinfer,
+                          splitkv-<backend>-noplan (decode(q, k, v, lens) with no plan, eager and
+                          captured as it is), sdpa-flash, sdpa-cudnn, sdpa-efficient, flashinfer,
                           flash-attn2, flash-attn3, flex
   kind             str    "splitkv" or "peer"
   status           str    "ok"; "n/a" (the provider cannot take this layout/shape: not emulated);

@@ -104,9 +104,9 @@ def collect_meta(device: torch.device, argv: list[str], sol_tbps: float) -> dict
         "sol_tbps": sol_tbps, "command": "python -m splitkv bench " + " ".join(argv),
         "timing": ("eager: median of L2-flushed reps (do_bench method); splitkv-<backend> rows reuse a "
                    "plan made outside the timed region, splitkv-<backend>-noplan rows call decode(q, k, v, "
-                   "lens) with no plan; graph: CUDA graph of N calls over rotating buffers > 256 MB, per "
-                   "call; host: CPU time per call of N calls issued back to back without synchronising "
-                   "(median of 3 loops)"),
+                   "lens) with no plan (graph rows capture that call); graph: CUDA graph of N calls over "
+                   "rotating buffers > 256 MB, per call; host: CPU time per call of N calls issued back "
+                   "to back without synchronising (median of 3 loops)"),
         "byte_model": "K+V of valid positions + q + o (splitkv.bench.shapes.byte_model)",
     }
     if device.type == "cuda":
@@ -172,8 +172,8 @@ def write_markdown(path, meta: dict, skipped, rows: list[dict], sweep: list[dict
              f"Bytes: {meta['byte_model']}; SOL = {meta['sol_tbps']} TB/s (% of SOL in the JSON). "
              "'× best peer' = the best peer's µs / this row's µs in the same mode (eager or graph), same "
              "shape and dtype; > 1 = faster. splitkv-<backend>-noplan is `splitkv.decode(q, k, v, lens)` "
-             "with no plan (what a new user calls); splitkv-<backend> reuses one plan (eager) or a "
-             "graph-safe plan (graph). host µs/call: CPU time to issue one call (a call that reads "
+             "with no plan (what a new user calls), eager and captured as it is; splitkv-<backend> reuses "
+             "one plan (eager) or a graph-safe plan (graph). host µs/call: CPU time to issue one call (a call that reads "
              "lengths on the host pays the GPU time there too).", ""]
     if skipped:
         lines += ["Skipped providers: " + "; ".join(f"{n} ({r})" for n, r in skipped), ""]

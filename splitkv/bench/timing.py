@@ -5,8 +5,9 @@ Eager follows triton.testing.do_bench's method, with the repetition count capped
 median is reported. The count adapts so one measurement takes about TARGET_MS (at least
 MIN_REPS, at most the caller's cap). On a CPU the same loop runs with perf_counter and no flush.
 
-Graph: N calls are captured in one CUDA graph, cycling over rotating tensor sets whose total size
-exceeds the L2 several times (inputs.ROTATION_BYTES), so each call reads cold K/V without a flush;
+Graph: N calls are captured in one CUDA graph (on the stream that ran the warm-up calls), cycling
+over rotating tensor sets whose total size exceeds the L2 several times (inputs.ROTATION_BYTES),
+so each call reads cold K/V without a flush;
 the graph is replayed and timed with CUDA events; per call = median replay time / N.
 
 Host: the CPU cost of issuing one call, as benchmarks/host_overhead.py measures it: N calls back to
@@ -128,14 +129,16 @@ def time_graph(fns, device: torch.device, reps: int):
     calls = graph_calls(len(fns))
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graph requires
+    # warm-up on a side stream, as torch.cuda.graph requires, and capture on that same stream: a
+    # plain splitkv.decode (no plan) keeps one plan per stream, made by a call outside capture
+    with torch.cuda.stream(side):
         for f in fns:
             f()
     torch.cuda.current_stream(device).wait_stream(side)
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=side):
             first = fns[0]()
             for i in range(1, calls):
                 fns[i % len(fns)]()
