@@ -30,6 +30,12 @@ from . import heuristics as H
 from . import workspace as W
 
 
+def _bound():
+    from .backends.triton.fastlaunch import Bound  # no triton import: plain Python
+
+    return Bound()
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -66,6 +72,7 @@ class DecodePlan:
     lse_scratch: torch.Tensor  # fp32 [B, Hq, Sq]: the lse of calls that do not return it
     # (data_ptr, _version) of the lengths the table was last computed from (see schedule_if_new)
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
+    launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
 
     @property
     def max_splits(self) -> int:
@@ -129,7 +136,7 @@ class DecodePlan:
         if self.device.type == "cuda" and backends.triton_available():
             from .backends.triton.launch import schedule
 
-            schedule(cache_seqlens, self.sched, self.rule)
+            schedule(cache_seqlens, self.sched, self.rule, self.launches)
         else:
             n, chunk = H.schedule(cache_seqlens, self.rule)
             self.sched[0, : self.batch].copy_(n)

@@ -8,11 +8,21 @@ the CompiledKernel; later calls with the same key call its launcher directly.
 The key holds what Triton specialises on: constexprs, launch options, every int argument's value
 (strides: stable for a given shape) and whether all pointers are 16-byte aligned (otherwise we
 take the JIT path every time, which is always correct).
+
+`Bound` goes one step further for a caller that can name its own key cheaply (a plan: its shapes
+and workspace are fixed, so the strides of the call's tensors and their alignment are the key):
+it keeps (kernel, scalars, constexpr values) per key and a hit only launches.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def launch_compiled(kernel, grid, tensors: tuple, values: tuple) -> None:
+    stream = torch._C._cuda_getCurrentRawStream(tensors[0].device.index)  # ~0.1 us; current_stream() ~3
+    kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, kernel.function, kernel.packed_metadata,
+               None, None, None, *tensors, *values)
 
 
 class FastLauncher:
@@ -21,9 +31,9 @@ class FastLauncher:
         self.cache: dict = {}
 
     def __call__(self, grid, tensors: tuple, scalars: tuple, constexprs: dict, num_warps: int,
-                 num_stages: int) -> None:
+                 num_stages: int):
         """Launch fn(*tensors, *scalars, **constexprs); constexprs must be the trailing parameters
-        of fn in signature order."""
+        of fn in signature order. Returns the compiled kernel (None under TRITON_INTERPRET)."""
         aligned = all((t.data_ptr() & 15) == 0 for t in tensors)
         key = ((tuple(constexprs.values()), num_warps, num_stages, tuple(t.dtype for t in tensors), scalars)
                if aligned else None)
@@ -32,7 +42,24 @@ class FastLauncher:
             kernel = self.fn[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
             if key is not None and kernel is not None:  # None under TRITON_INTERPRET
                 self.cache[key] = kernel
+            return kernel
+        launch_compiled(kernel, grid, tensors, (*scalars, *constexprs.values()))
+        return kernel
+
+
+class Bound:
+    """Per-owner launch cache: key -> (kernel, argument values after the tensors)."""
+
+    def __init__(self):
+        self.entries: dict = {}
+
+    def launch(self, key, grid, tensors: tuple, aligned: bool, build) -> None:
+        """build() -> (FastLauncher, scalars, constexprs, num_warps, num_stages), called on a miss."""
+        hit = self.entries.get(key) if aligned else None
+        if hit is not None:
+            launch_compiled(hit[0], grid, tensors, hit[1])
             return
-        stream = torch._C._cuda_getCurrentRawStream(tensors[0].device.index)  # ~0.1 us; current_stream() ~3
-        kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, kernel.function, kernel.packed_metadata,
-                   None, None, None, *tensors, *scalars, *constexprs.values())
+        fl, scalars, cx, warps, stages = build()
+        kernel = fl(grid, tensors, scalars, cx, warps, stages)
+        if aligned and kernel is not None:
+            self.entries[key] = (kernel, (*scalars, *cx.values()))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from .combine_kernel import combine_kernel
-from .fastlaunch import FastLauncher
+from .fastlaunch import Bound, FastLauncher
 from .schedule_kernel import schedule_kernel
 from .split_kernel import LOG2E, split_kernel
 
@@ -22,16 +22,25 @@ def _combine_block_s(max_splits: int) -> int:
     return min(16, 1 << max(0, (max_splits - 1).bit_length()))
 
 
-def schedule(cache_seqlens, sched, rule) -> None:
+def schedule(cache_seqlens, sched, rule, bound: Bound | None = None) -> None:
     """sched [2, >= B] <- (num_splits, chunk_lens) of heuristics.schedule, computed on the device."""
     B = cache_seqlens.shape[0]
     if B == 0:
         return
-    _schedule((1,), (cache_seqlens, sched),
-              (B, cache_seqlens.stride(0), sched.stride(0), rule.max_splits, rule.splits, rule.chunk_tiles,
-               rule.target, rule.ragged_target, rule.min_tiles),
-              dict(MODE=_MODES[rule.mode], BLOCK_N=rule.block_n, BLOCK_B=max(16, 1 << (B - 1).bit_length()),
-                   SHORT_KEYS=rule.short_keys, CAP=rule.cap, BALANCE=rule.balance), 4, 1)
+
+    def build():
+        return (_schedule, (B, cache_seqlens.stride(0), sched.stride(0), rule.max_splits, rule.splits,
+                            rule.chunk_tiles, rule.target, rule.ragged_target, rule.min_tiles),
+                dict(MODE=_MODES[rule.mode], BLOCK_N=rule.block_n, BLOCK_B=max(16, 1 << (B - 1).bit_length()),
+                     SHORT_KEYS=rule.short_keys, CAP=rule.cap, BALANCE=rule.balance), 4, 1)
+
+    tensors = (cache_seqlens, sched)
+    if bound is None:
+        fl, scalars, cx, w, st = build()
+        fl((1,), tensors, scalars, cx, w, st)
+        return
+    bound.launch(("schedule", cache_seqlens.stride(0), id(rule)), (1,), tensors,
+                 (cache_seqlens.data_ptr() & 15) == 0, build)
 
 
 def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
@@ -48,7 +57,6 @@ def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
     B, Sq, Hq, D = q.shape
-    tile = plan.tile
     if B == 0:
         return
     paged = block_table is not None
@@ -56,20 +64,39 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     parts = o_part is not None
     op = o_part if parts else out  # never written when no request splits (num_splits == 1)
     lp = lse_part if parts else lse
-    p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
-    l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
-    grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
     counters = plan.counters if plan.fuse else cache_seqlens  # never touched unless fused
     nsplits, chunks = plan.num_splits, plan.chunk_lens
-    qs, ks, vs = q.stride(), k_cache.stride(), v_cache.stride()
-    _split(grid, (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, bt, op, lp, out, lse, counters),
-           (scale * LOG2E, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-            bt.stride(0) if paged else 0, *p_strides, *l_strides, out.stride(0), out.stride(1), out.stride(2),
-            lse.stride(0), lse.stride(1)),
-           dict(NUM_KV_HEADS=plan.num_kv_heads, M_TILES=plan.m_tiles, G=plan.qhead_per_kvhead, SQ=Sq,
-                HEAD_DIM=D, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged, CAUSAL=bool(causal and Sq > 1),
-                UPCAST=_INTERPRET, FUSED_COMBINE=plan.fuse),
-           tile.num_warps, tile.num_stages)
+    tensors = (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, bt, op, lp, out, lse, counters)
+    # the plan fixes everything else (its workspace and tables are 128 / 16-byte aligned)
+    key = (q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(), lse.stride(),
+           bt.stride(0) if paged else -1, causal, scale, q.dtype)
+    aligned = ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | bt.data_ptr()
+                | out.data_ptr() | lse.data_ptr()) & 15) == 0
+    grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
+
+    def build():
+        tile = plan.tile
+        qs, ks, vs = q.stride(), k_cache.stride(), v_cache.stride()
+        p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
+        l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
+        scalars = (scale * LOG2E, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+                   bt.stride(0) if paged else 0, *p_strides, *l_strides, out.stride(0), out.stride(1),
+                   out.stride(2), lse.stride(0), lse.stride(1))
+        cx = dict(NUM_KV_HEADS=plan.num_kv_heads, M_TILES=plan.m_tiles, G=plan.qhead_per_kvhead, SQ=Sq,
+                  HEAD_DIM=D, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                  PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged, CAUSAL=bool(causal and Sq > 1),
+                  UPCAST=_INTERPRET, FUSED_COMBINE=plan.fuse)
+        return _split, scalars, cx, tile.num_warps, tile.num_stages
+
+    plan.launches.launch(("split", key), grid, tensors, aligned, build)
     if parts and not plan.fuse:
-        combine(o_part, lse_part, nsplits, out, lse, skip_single=True)
+        S, _, H, T, _ = o_part.shape
+
+        def build_combine():
+            return (_combine, (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1),
+                               out.stride(2), *lse.stride()),
+                    dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_combine_block_s(S), SKIP_SINGLE=True),
+                    4 if D >= 128 else 2, 1)
+
+        plan.launches.launch(("combine", out.stride(), lse.stride()), (B * H * T,),
+                             (o_part, lse_part, nsplits, out, lse), aligned, build_combine)
