@@ -13,6 +13,7 @@ key") as an empty partial (weight exactly 0, o never read) and propagates a NaN 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -100,6 +101,19 @@ def combine(o_part, lse_part, num_splits, out, lse_out):
 
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+    if plan.batch_invariant and q.shape[0] > 1:
+        # one request at a time: the padded split grid (and so every reduction's shape and order)
+        # is then the request's own, whatever else is in the batch
+        for b in range(q.shape[0]):
+            one = SimpleNamespace(max_splits=plan.max_splits, num_splits=plan.num_splits[b:b + 1],
+                                  chunk_lens=plan.chunk_lens[b:b + 1], num_kv_heads=plan.num_kv_heads,
+                                  qhead_per_kvhead=plan.qhead_per_kvhead, batch_invariant=False)
+            paged = block_table is not None
+            run(q[b:b + 1], k_cache if paged else k_cache[b:b + 1], v_cache if paged else v_cache[b:b + 1],
+                cache_seqlens[b:b + 1], block_table[b:b + 1] if paged else None, one,
+                None if o_part is None else o_part[:, b:b + 1], None if lse_part is None else lse_part[:, b:b + 1],
+                out[b:b + 1], lse[b:b + 1], scale, causal)
+        return
     o_s, lse_s = run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal)
     if o_part is not None:  # keep partials in the shared workspace layout (debug hook reads them)
         o_part.copy_(o_s)
