@@ -275,12 +275,13 @@ def test_rows_measured_before_a_crash_are_written(tmp_path, monkeypatch):
 def test_headline_suite_covers_peers_md_and_the_ragged_batch():
     suite = shapes.suite("headline")
     names = [s.name for s in suite]
-    assert len(names) == len(set(names)) == 14 + 8 + 1
+    assert len(names) == len(set(names)) == 14 + 8 + 2
     for B, L, Hq, Hkv in shapes.PEERS_MD_SDPA:
         assert shapes.make_shape(B, L, Hq, Hkv).name in names
     for B, L, Hq, Hkv in shapes.PEERS_MD_PAGED:
         assert shapes.make_shape(B, L, Hq, Hkv, page_size=16).name in names
-    (ragged,) = [s for s in suite if not s.uniform]
+    geo, ragged = [s for s in suite if not s.uniform]
+    assert list(geo.seqlens) == shapes.spread_lengths(16, 1024, 131072) and geo.page_size == 16
     assert list(ragged.seqlens) == torch.linspace(1024, 131072, 16).int().tolist()
     assert (ragged.batch, ragged.num_q_heads, ragged.num_kv_heads, ragged.head_dim, ragged.page_size) == (
         16, 32, 8, 128, 16)

@@ -8,7 +8,7 @@ Suites
          paged; evenly spaced 1K-128K, paged) and head-dim 64 / 256 spot checks.
   headline  every shape PEERS.md gives a number for (its SDPA table: 14 contiguous shapes; its
          FlashInfer table: 8 paged page_size 16 shapes; its graph-replay table is a subset of the
-         first) + the ragged batch B=16 with lengths evenly spaced 1K-128K, paged 16. The suite of
+         first) + the ragged batches B=16, lengths 1K-128K spread geometrically and evenly, paged 16. The suite of
          `bash benchmarks/gpu_run.sh bench` (eager no-plan / plan / graph vs the peers).
   quick  tiny shapes that run on a CPU in seconds (tests, smoke runs); same kinds of rows.
 
@@ -163,7 +163,8 @@ def paged_peer_shapes() -> list[Shape]:
 
 def headline_suite() -> list[Shape]:
     out = [make_shape(B, L, Hq, Hkv, tags=("grid",)) for B, L, Hq, Hkv in PEERS_MD_SDPA]
-    return out + paged_peer_shapes() + [ragged_linear_shape()]
+    ragged = make_shape(16, spread_lengths(16, 1024, 131072), 32, 8, page_size=16, tags=("ragged", "paged"))
+    return out + paged_peer_shapes() + [ragged, ragged_linear_shape()]
 
 
 def full_suite() -> list[Shape]:
