@@ -281,7 +281,7 @@ def test_headline_suite_covers_peers_md_and_the_ragged_batch():
     for B, L, Hq, Hkv in shapes.PEERS_MD_PAGED:
         assert shapes.make_shape(B, L, Hq, Hkv, page_size=16).name in names
     geo, ragged = [s for s in suite if not s.uniform]
-    assert list(geo.seqlens) == shapes.spread_lengths(16, 1024, 131072) and geo.page_size == 16
+    assert list(geo.seqlens) == list(shapes.spread_lengths(16, 1024, 131072)) and geo.page_size == 16
     assert list(ragged.seqlens) == torch.linspace(1024, 131072, 16).int().tolist()
     assert (ragged.batch, ragged.num_q_heads, ragged.num_kv_heads, ragged.head_dim, ragged.page_size) == (
         16, 32, 8, 128, 16)
