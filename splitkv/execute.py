@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 import torch
 
-from . import backends, debug, validate
+from . import debug, validate
 from .plan import DecodePlan, build, maybe_print
 
 _PLANS: OrderedDict = OrderedDict()  # (signature, stream or thread) -> DecodePlan
@@ -69,8 +69,9 @@ def clear_plans() -> None:
 def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
                  num_splits=None, return_lse=False, out=None, plan=None, backend="auto", batch_invariant=False):
     """splitkv.decode without the torch.compile dispatch (what the custom op runs)."""
-    owner = _owner(q.device) if isinstance(q, torch.Tensor) else None
-    extra = None if plan is not None else (owner, batch_invariant, _align_bits(q, k_cache, v_cache))
+    extra = None
+    if plan is None and isinstance(q, torch.Tensor):
+        extra = (_owner(q.device), batch_invariant, _align_bits(q, k_cache, v_cache))
     key, prob = validate.check_keyed(extra, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
                                      softmax_scale, backend, causal)
     if out is not None:
@@ -94,14 +95,16 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
             raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
         if batch_invariant and not plan.batch_invariant:
             raise ValueError("batch_invariant: pass it to splitkv.plan(...), not together with plan=")
-        plan.check_call(prob, backend, q.device)
+        if plan.checked[0] is not prob or backend != "auto":  # validated Problems are cached: same object, same call
+            plan.check_call(prob, backend, q.device)
+            plan.checked[0] = prob if backend == "auto" else None
         if _debugging():  # the caller's contract, checked on demand (one host read)
             validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)
     o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = (torch.empty(prob.batch, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=q.device)
            if return_lse else plan.lse_scratch)
-    backends.get(plan.backend).run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part,
+    plan.module.run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part,
                                    plan.lse_part, o, lse, scale, causal)
     if debug.active():
         debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)

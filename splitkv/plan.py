@@ -73,18 +73,19 @@ class DecodePlan:
     # (data_ptr, _version) of the lengths the table was last computed from (see schedule_if_new)
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
     launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
+    checked: list = field(default_factory=lambda: [None], repr=False)  # the last Problem check_call passed
+    num_splits: torch.Tensor = field(init=False, repr=False)  # int32 [B] views of sched, made once
+    chunk_lens: torch.Tensor = field(init=False, repr=False)
+    module: object = field(init=False, repr=False)  # the backend module that runs it
+
+    def __post_init__(self):
+        object.__setattr__(self, "num_splits", self.sched[0, : self.batch])
+        object.__setattr__(self, "chunk_lens", self.sched[1, : self.batch])
+        object.__setattr__(self, "module", backends.get(self.backend))
 
     @property
     def max_splits(self) -> int:
         return self.rule.max_splits
-
-    @property
-    def num_splits(self) -> torch.Tensor:
-        return self.sched[0, : self.batch]
-
-    @property
-    def chunk_lens(self) -> torch.Tensor:
-        return self.sched[1, : self.batch]
 
     @property
     def forced(self) -> int | None:

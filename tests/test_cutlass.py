@@ -346,3 +346,32 @@ def test_fused_merge_is_chosen_by_the_heuristic_and_needs_counters(monkeypatch):
     assert not p.fuse and p.counters is None  # 4 splits > 3: the combine kernel merges
     bi = splitkv.plan(sl, 8, 2, 128, batch_invariant=True, backend="cutlass")
     assert not bi.fuse and bi.tile.block_n == 64  # one merge path and one tile for every batch
+
+
+@needs_dsl
+@pytest.mark.parametrize("paged", [False, True])
+def test_bound_launch_passes_what_the_checked_launch_passes(monkeypatch, paged):
+    """The per-plan launch cache (second call: no checks, remembered scalars) hands the kernel the
+    same arguments as the full path, with the second call's own pointers."""
+    from splitkv.backends.cutlass import launch
+
+    seen = []
+    monkeypatch.setattr(launch, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(launch, "_device_index", lambda t: 0)
+    monkeypatch.setattr(launch, "_stream", lambda index: "stream")
+    monkeypatch.setattr(launch, "_split_launcher", lambda *key: lambda *a: seen.append(a))
+    lens = [300, 40]
+    q, k, v, sl = make_inputs(2, 3, 12, 2, 64, lens, torch.float16, transposed=True)
+    bt = None
+    if paged:
+        k, v, bt = to_paged(k, v, lens, 16)
+    p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3, backend="cutlass", paged=paged)
+    o_part, lse_part = p.partials()
+    out, lse = torch.empty_like(q), torch.empty(2, 12, 3)
+    for _ in range(2):
+        launch._run(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True)
+    q2, out2 = q.clone(), torch.empty_like(out)
+    launch._run(q2, k, v, sl, bt, p, o_part, lse_part, out2, lse, 0.125, True)
+    launch.split_(q2, k, v, sl, bt, p, o_part, lse_part, out2, lse, 0.125, True)
+    assert len(p.launches.entries) == 1 and seen[0] == seen[1] and seen[2] == seen[3]
+    assert seen[2][0] == q2.data_ptr() and seen[2][9] == out2.data_ptr() and seen[2][1:9] == seen[0][1:9]

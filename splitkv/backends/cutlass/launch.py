@@ -115,6 +115,14 @@ def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_pa
     """Out-parameter split op: writes out/lse for one-split requests, o_part/lse_part otherwise;
     with fuse (default: plan.fuse) the last split CTA of each tile also writes out/lse.
     cfg overrides the config (tile sweeps); its block_m must be the plan's."""
+    launch, args = _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse,
+                               scale, causal, cfg=cfg, fuse=fuse)
+    launch(*args)
+
+
+def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+                *, cfg: SplitConfig | None = None, fuse: bool | None = None):
+    """(launcher, its arguments) of split_, after the checks: 12 pointers, the scalars, the stream."""
     B, Sq, Hq, D = q.shape
     paged = block_table is not None
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -141,14 +149,14 @@ def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_pa
     p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
     l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
     bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
-    launch(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
-           plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(), bt.data_ptr(), op.data_ptr(), lp.data_ptr(),
-           out.data_ptr(), lse.data_ptr(), plan.counters.data_ptr() if fuse else 0,
-           plan.max_splits, B, plan.num_kv_heads, plan.m_tiles, plan.qhead_per_kvhead, Sq,
-           k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)), int(fuse),
-           *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], bt.stride(0) if paged else 0,
-           *p_strides, *l_strides, *out.stride()[:3], *lse.stride()[:2],
-           float(scale) * LOG2E, _stream(index))
+    return launch, [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
+                     plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(), bt.data_ptr(), op.data_ptr(),
+                     lp.data_ptr(), out.data_ptr(), lse.data_ptr(), plan.counters.data_ptr() if fuse else 0,
+                     plan.max_splits, B, plan.num_kv_heads, plan.m_tiles, plan.qhead_per_kvhead, Sq,
+                     k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)), int(fuse),
+                     *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], bt.stride(0) if paged else 0,
+                     *p_strides, *l_strides, *out.stride()[:3], *lse.stride()[:2],
+                     float(scale) * LOG2E, _stream(index)]
 
 
 def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: CombineConfig | None = None):
@@ -191,7 +199,26 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
 
 
 def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
-    split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+    # per plan and call layout (strides, alignment, scalars): checked and packed once, then a hit passes
+    # the call's pointers and the remembered scalars (lse is always a contiguous [B, Hq, Sq])
+    paged = block_table is not None
+    bt = block_table if paged else cache_seqlens
+    ptr_q, ptr_k, ptr_v, ptr_o = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
+    key = ("cutlass", q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
+           bt.stride(0) if paged else -1, causal, scale, q.dtype, (ptr_q | ptr_k | ptr_v) & 15, ptr_o & 7)
+    hit = plan.launches.entries.get(key)
+    if hit is None:
+        launch, args = _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out,
+                                   lse, scale, causal)
+        plan.launches.entries[key] = (launch, tuple(args[12:-1]))
+        launch(*args)
+    else:
+        launch, mid = hit
+        parts = o_part is not None
+        launch(ptr_q, ptr_k, ptr_v, cache_seqlens.data_ptr(), plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(),
+               bt.data_ptr(), o_part.data_ptr() if parts else ptr_o, lse_part.data_ptr() if parts else lse.data_ptr(),
+               ptr_o, lse.data_ptr(), plan.counters.data_ptr() if plan.fuse and parts else 0, *mid,
+               _stream(q.device.index))
     if o_part is not None and not plan.fuse:
         combine_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
 

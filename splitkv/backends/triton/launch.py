@@ -68,8 +68,8 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     nsplits, chunks = plan.num_splits, plan.chunk_lens
     tensors = (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, bt, op, lp, out, lse, counters)
     # the plan fixes everything else (its workspace and tables are 128 / 16-byte aligned)
-    key = (q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(), lse.stride(),
-           bt.stride(0) if paged else -1, causal, scale, q.dtype)
+    key = (q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
+           bt.stride(0) if paged else -1, causal, scale, q.dtype)  # lse: always a contiguous [B, Hq, Sq]
     aligned = ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | bt.data_ptr()
                 | out.data_ptr() | lse.data_ptr()) & 15) == 0
     grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
