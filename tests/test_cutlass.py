@@ -220,6 +220,18 @@ def _record_launches(monkeypatch, kernel_cls, launcher: str):
     return got, names
 
 
+def _split_case(paged):
+    """CPU inputs of one split launch: GQA 6 x Sq 3 over [B, H, L, D] storage, 3 forced splits."""
+    lens = [300, 40]
+    q, k, v, sl = make_inputs(2, 3, 12, 2, 64, lens, torch.float16, transposed=True)
+    bt = None
+    if paged:
+        k, v, bt = to_paged(k, v, lens, 16)
+    p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3, backend="cutlass", paged=paged)
+    o_part, lse_part = p.partials()
+    return q, k, v, sl, bt, p, o_part, lse_part, torch.empty_like(q), torch.empty(2, 12, 3)
+
+
 @needs_dsl
 @pytest.mark.parametrize("paged", [False, True])
 def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged):
@@ -230,14 +242,7 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
     from splitkv.backends.cutlass.split_kernel import SplitKernel
 
     got, names = _record_launches(monkeypatch, SplitKernel, "_split_launcher")
-    lens = [300, 40]
-    q, k, v, sl = make_inputs(2, 3, 12, 2, 64, lens, torch.float16, transposed=True)
-    bt = None
-    if paged:
-        k, v, bt = to_paged(k, v, lens, 16)
-    p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3, backend="cutlass", paged=paged)
-    o_part, lse_part = p.partials()
-    out, lse = torch.empty_like(q), torch.empty(2, 12, 3)
+    q, k, v, sl, bt, p, o_part, lse_part, out, lse = _split_case(paged)
     launch.split_(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True)
     t = p.tile
     assert len(got) == len(names) + 1
@@ -360,14 +365,7 @@ def test_bound_launch_passes_what_the_checked_launch_passes(monkeypatch, paged):
     monkeypatch.setattr(launch, "_device_index", lambda t: 0)
     monkeypatch.setattr(launch, "_stream", lambda index: "stream")
     monkeypatch.setattr(launch, "_split_launcher", lambda *key: lambda *a: seen.append(a))
-    lens = [300, 40]
-    q, k, v, sl = make_inputs(2, 3, 12, 2, 64, lens, torch.float16, transposed=True)
-    bt = None
-    if paged:
-        k, v, bt = to_paged(k, v, lens, 16)
-    p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3, backend="cutlass", paged=paged)
-    o_part, lse_part = p.partials()
-    out, lse = torch.empty_like(q), torch.empty(2, 12, 3)
+    q, k, v, sl, bt, p, o_part, lse_part, out, lse = _split_case(paged)
     for _ in range(2):
         launch._run(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True)
     q2, out2 = q.clone(), torch.empty_like(out)
