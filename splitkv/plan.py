@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -70,7 +71,7 @@ class DecodePlan:
     o_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq, D], None when no request can split
     lse_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq]
     lse_scratch: torch.Tensor  # fp32 [B, Hq, Sq]: the lse of calls that do not return it
-    # (data_ptr, _version) of the lengths the table was last computed from (see schedule_if_new)
+    # (weakref, _version) of the lengths tensor the table was last computed from (schedule_if_new)
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
     launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
     checked: list = field(default_factory=lambda: [None], repr=False)  # the last Problem check_call passed
@@ -121,13 +122,14 @@ class DecodePlan:
 
     def schedule_if_new(self, cache_seqlens: torch.Tensor) -> None:
         """schedule(), skipped when these are the very lengths of the last schedule, unmodified since
-        (same tensor, same autograd version counter): the layers of one step share one launch. A
-        write the counter misses (a raw kernel writing the lengths) leaves a stale table, which
-        costs balance only; under CUDA-graph capture the launch is always recorded."""
-        key = (cache_seqlens.data_ptr(), cache_seqlens._version)
-        if key != self.last_lengths[0] or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        (the same tensor object, alive all along, with the same version counter): the layers of one
+        step share one launch. A write the counter misses (a raw kernel writing the lengths) leaves a
+        stale table, which costs balance only; under CUDA-graph capture the launch is always recorded."""
+        last = self.last_lengths[0]
+        if (last is None or last[0]() is not cache_seqlens or last[1] != cache_seqlens._version
+                or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
             self.schedule(cache_seqlens)
-            self.last_lengths[0] = key
+            self.last_lengths[0] = (weakref.ref(cache_seqlens), cache_seqlens._version)
 
     def schedule(self, cache_seqlens: torch.Tensor) -> None:
         """refresh() without the checks (decode has validated the lengths)."""

@@ -98,6 +98,9 @@ def test_plain_decode_reschedules_when_the_lengths_change(monkeypatch):
     assert_close_to_reference(o, lse, q, k, v, sl)
     splitkv.decode(q, k, v, sl.clone())  # another tensor: rescheduled
     assert len(calls) == 2
+    for _ in range(2):  # a fresh tensor each step (it may reuse the freed one's memory): rescheduled
+        splitkv.decode(q, k, v, torch.tensor([5, 4100], dtype=torch.int32))
+    assert len(calls) == 4
 
 
 # --- strided int tensors -------------------------------------------------------------------------------
