@@ -139,3 +139,17 @@ def test_graph_safe_plan_follows_new_lengths(backend):
         assert p.num_splits.tolist() == want[0].tolist() and p.chunk_lens.tolist() == want[1].tolist()
         o, lse = splitkv.decode(q, k, v, sl, plan=p, return_lse=True, backend=backend)
         assert_close_to_reference(o, lse, q, k, v, sl)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_extreme_logits_equal_scores_give_exactly_v(backend):
+    """FlashInfer's extreme-negative-logits case: q = 64, K = -64, V = 1 (fp16): every score is the
+    same huge negative number, so the softmax is uniform and o must be exactly 1."""
+    B, Hq, Hkv, D, L = 2, 8, 2, 128, 1000
+    q = torch.full((B, 1, Hq, D), 64.0, dtype=FP16)
+    k = torch.full((B, L, Hkv, D), -64.0, dtype=FP16)
+    v = torch.ones(B, L, Hkv, D, dtype=FP16)
+    sl = torch.tensor([L, 333], dtype=torch.int32)
+    for splits in (1, 3):
+        o, lse = splitkv.decode(q, k, v, sl, num_splits=splits, return_lse=True, backend=backend)
+        assert torch.equal(o, torch.ones_like(o)) and torch.isfinite(lse).all()

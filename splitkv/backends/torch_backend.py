@@ -64,11 +64,15 @@ def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, caus
         qpos = cache_seqlens.long()[:, None] - Sq + torch.arange(Sq, device=q.device)  # [B, Sq]
         mask = mask & (pos[:, :, None, None, None, :] <= qpos[:, None, None, None, :, None])
     s = s.masked_fill(~mask, NEG_INF)
-    lse = torch.logsumexp(s, dim=-1)  # [B, S, Hkv, G, Sq]; -inf where the split saw no key
-    # only a row with no key is zeroed (exp(-inf + inf) = NaN there); NaN scores stay NaN
-    p = torch.exp(s - lse[..., None]).masked_fill_((lse == NEG_INF)[..., None], 0.0)
-    lse = lse.masked_fill(lse == math.inf, math.nan)  # a +inf score: NaN, never "empty" (+inf)
-    o = torch.einsum("bshgtc,bschd->bshgtd", p, v)
+    # as the kernels do: p = exp(s - max), o = (p @ v) / sum(p), so equal scores give exactly v
+    # (FlashInfer's extreme-logits case); a row with no key has max -inf and sum 0 -> o = 0,
+    # lse = -inf; NaN scores stay NaN, and so does a +inf score (exp(inf - inf))
+    m = s.amax(dim=-1)  # [B, S, Hkv, G, Sq]
+    m_safe = torch.where(m == NEG_INF, 0.0, m)
+    p = torch.exp(s - m_safe[..., None])
+    den = p.sum(dim=-1)
+    lse = m_safe + torch.log(den)  # log(0) = -inf where the split saw no key
+    o = torch.einsum("bshgtc,bschd->bshgtd", p, v) / torch.where(den == 0, 1.0, den)[..., None]
     S = plan.max_splits
     o = o.permute(1, 0, 2, 3, 4, 5).reshape(S, B, Hq, Sq, D)
     lse = lse.permute(1, 0, 2, 3, 4).reshape(S, B, Hq, Sq)
