@@ -15,8 +15,18 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-V", "--version"):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"splitkv {version('splitkv')}")
+        except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+            print("splitkv (not installed)")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m splitkv {" + ",".join(COMMANDS) + "} [options]\n")
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"splitkv: unknown command {argv[0]!r}", file=sys.stderr)
+        print("usage: python -m splitkv {" + ",".join(COMMANDS) + "} [options] | --version\n")
         for name, (_, _, text) in COMMANDS.items():
             print(f"  {name:8s} {text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2

@@ -3,7 +3,7 @@ splitkv (splitkv.integrations.hf), checked token by token against transformers' 
 
 GPU: 8 layers, hidden 4096, Hq 32 / Hkv 8, D 128, bf16, 32K-token prompt. CPU: 2 layers, hidden
 256, Hq 4 / Hkv 2, D 64, fp32, 512-token prompt (seconds). Skipped with a note when transformers
-is not installed (`pip install splitkv[hf]`).
+is not installed (from a checkout: `pip install -e ".[hf]"`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def _sync(device):
 def run(console, device) -> bool:
     """Print the model section; return whether splitkv's tokens match transformers' generate."""
     if importlib.util.find_spec("transformers") is None:
-        console.print("[yellow]model demo skipped: transformers is not installed (pip install splitkv[hf])[/]")
+        console.print("[yellow]model demo skipped: transformers is not installed "
+                      "(from a checkout: pip install -e '.\\[hf]')[/]")
         return True
     from splitkv.integrations import hf
 

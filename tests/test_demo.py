@@ -1,6 +1,7 @@
 """`python -m splitkv demo` on the CPU: the table a user sees (eager, no plan; graph and cuDNN columns
 are GPU-only) and its check against the reference. CI also runs the full demo."""
 
+import pytest
 import torch
 
 from splitkv import demo
@@ -25,3 +26,13 @@ def test_demo_main_prints_the_columns(monkeypatch, capsys):
     for col in ("eager, no plan", "graph, plan", "cuDNN eager", "cuDNN graph"):
         assert col in out
     assert "all results match the reference" in out
+
+
+def test_cli_version_unknown_command_and_demo_help(capsys):
+    from splitkv.__main__ import main
+
+    assert main(["--version"]) == 0 and "splitkv" in capsys.readouterr().out
+    assert main(["no-such-command"]) == 2 and "unknown command 'no-such-command'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # --help describes the demo instead of running it
+        main(["demo", "--help"])
+    assert e.value.code == 0 and "fp64 reference" in capsys.readouterr().out
