@@ -13,15 +13,16 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections import OrderedDict
 
 import torch
 
 from . import debug, validate
 from .plan import DecodePlan, build, maybe_print
 
-_PLANS: OrderedDict = OrderedDict()  # (signature, stream or thread) -> DecodePlan
-_MAX_PLANS = 64
+# (signature, stream or thread) -> DecodePlan. Never evicted: a CUDA graph that captured a plain
+# decode replays into its plan's workspace, so dropping the plan (and its memory) behind the graph's
+# back could corrupt a replay; splitkv.clear_plans() is the caller's explicit release.
+_PLANS: dict = {}
 _LOCK = threading.Lock()
 
 
@@ -55,13 +56,12 @@ def _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch
     maybe_print(plan)
     with _LOCK:
         _PLANS[key] = plan
-        while len(_PLANS) > _MAX_PLANS:
-            _PLANS.popitem(last=False)
     return plan
 
 
 def clear_plans() -> None:
-    """Drop the plans decode() made for itself (they hold workspace memory)."""
+    """Drop the plans decode() made for itself (they hold workspace memory). Do not call it while a
+    CUDA graph that captured a plain decode may still be replayed."""
     with _LOCK:
         _PLANS.clear()
 
