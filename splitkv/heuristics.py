@@ -307,7 +307,7 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
 
 # backend="auto" on sm90 with the CuTe DSL installed: cutlass for plans that split, Triton for plans
 # that do not. Measured on the H200 (2026-11-29, bf16 D=128, CUDA-graph replay; benchmarks/results/
-# 2026-11-29-h200/bench_peers.md, bench_paged_pdl.md, gpu_cutlass_pdl.json). Split plans, where the
+# 2026-11-29-h200-s2/bench_peers.md, bench_paged.md, cutlass_ab_run2_pdl.json). Split plans, where the
 # cutlass kernel merges the splits itself and launches with PDL: B=1 GQA 32/8 4K 10.1 us vs Triton
 # 11.4, B=1 MHA 4K 21.7 vs 25.7, B=4 GQA 4K 22.3 vs 26.1, paged16 B=1 GQA 4K 10.4 vs 13.5, B=1 GQA
 # 128K 128.0 vs 129.8, B=4 GQA 32K 123.9 vs 128.2; B=1 GQA 32K is a toss-up (42.2 vs 40.4 in the bench
