@@ -15,7 +15,10 @@ grey. Anomalies are flagged in the figure and on stdout:
                 neighbouring splits' by more than `outlier_nats` (an attention sink can do this
                 legitimately; corrupt K or a wrong scale does it too)
 
-CLI: `python -m splitkv heatmap --out PATH [--inputs FILE]` (see heatmap_main).
+CLI: `python -m splitkv heatmap --out PATH [--inputs FILE]` (see heatmap_main). Where the planner
+would split into fewer than MIN_SHOWN_SPLITS (a CPU, a short context, a big batch), the CLI forces
+SHOW_SPLITS so the figure shows the split structure, and says so; `--num-splits auto` keeps the
+planner's count, `--num-splits N` forces N.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from .plan import plan as make_plan
 
 OUTLIER_NATS = 8.0  # e^8 ~ 3000x more softmax mass per key than the neighbouring splits
 MAX_PANELS = 8
+MIN_SHOWN_SPLITS = 4  # heatmap CLI: a planner's pick below this is a strip, not a map...
+SHOW_SPLITS = 8  # ...so it forces this many (bounded by one 64-key tile per split)
 
 
 @dataclass
@@ -175,10 +180,10 @@ def _cmap():
 
 def lse_heatmap(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
                 num_splits=None, plan=None, backend="auto", out=None, requests=None,
-                outlier_nats: float = OUTLIER_NATS, echo: bool = True) -> LseReport:
+                outlier_nats: float = OUTLIER_NATS, echo: bool = True, title: str = "") -> LseReport:
     """Decode once, collect the per-split partial LSE (split x head) through the debug hook, flag
     anomalies (module doc), print them when echo, and draw the heat map to `out` (a PNG path) when
-    given. Inputs as for splitkv.decode."""
+    given, under `title`. Inputs as for splitkv.decode."""
     rep = collect(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
                   softmax_scale=softmax_scale, num_splits=num_splits, plan=plan, backend=backend)
     rep.anomalies = find_anomalies(rep.lse, rep.keys, rep.num_splits, outlier_nats)
@@ -190,7 +195,7 @@ def lse_heatmap(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=
         if len(rep.anomalies) > 20:
             print(f"  ... and {len(rep.anomalies) - 20} more")
     if out is not None:
-        rep.path = draw(rep, out, requests)
+        rep.path = draw(rep, out, requests, title)
         if echo:
             print(f"wrote {rep.path}")
     return rep
@@ -227,13 +232,24 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--num-splits", type=int, help="force the split count (default: the planner's)")
+    ap.add_argument("--num-splits", type=_num_splits, metavar="N|auto",
+                    help=f"force N splits; auto: the planner's count. Default: the planner's, or "
+                         f"{SHOW_SPLITS} forced (said on stdout) when the planner would split into fewer "
+                         f"than {MIN_SHOWN_SPLITS}, which would draw a strip instead of a map")
     ap.add_argument("--requests", help="comma-separated requests to draw (default: first 4 + flagged)")
     ap.add_argument("--plant-nan", metavar="REQ:SPLIT",
                     help="write a NaN key into that split (demo of the flags)")
     ap.add_argument("--outlier-nats", type=float, default=OUTLIER_NATS)
     ap.add_argument("--strict", action="store_true", help="exit 1 when an anomaly is found")
     return ap
+
+
+def _num_splits(text: str):
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or an int >= 1, got {text!r}")
+    return int(text)
 
 
 def _random_inputs(args, device):
@@ -264,7 +280,21 @@ def heatmap_main(argv: list[str] | None = None) -> int:
     q, k, v, seqlens = data["q"], data["k_cache"], data["v_cache"], data["cache_seqlens"]
     bt = data.get("block_table")
     causal = bool(data.get("causal", True))
-    p = make_plan(seqlens, q.shape[2], k.shape[2], q.shape[3], q_len=q.shape[1], num_splits=args.num_splits)
+    shape = (seqlens, q.shape[2], k.shape[2], q.shape[3])
+    forced = args.num_splits if isinstance(args.num_splits, int) else None
+    p = make_plan(*shape, q_len=q.shape[1], num_splits=forced, backend=args.backend)
+    title = ""
+    if args.num_splits is None:
+        planned = int(p.num_splits.max())
+        if planned < MIN_SHOWN_SPLITS:
+            shown = make_plan(*shape, q_len=q.shape[1], num_splits=SHOW_SPLITS, backend=args.backend)
+            if int(shown.num_splits.max()) > planned:
+                n = int(shown.num_splits.max())
+                print(f"the planner splits these inputs into {planned} on {device} (a {planned}-row strip); "
+                      f"drawing {n} forced splits to show the split structure "
+                      "(--num-splits auto: the planner's count; --num-splits N: N)")
+                title = f"splitkv partial LSE per split ({n} forced; the planner picks {planned} here)"
+                p = shown
     if args.plant_nan:
         req, split = (int(x) for x in args.plant_nan.split(":"))
         pos = plant_nan(k, seqlens, bt, p, req, split)
@@ -272,6 +302,6 @@ def heatmap_main(argv: list[str] | None = None) -> int:
     requests = [int(x) for x in args.requests.split(",")] if args.requests else None
     rep = lse_heatmap(q, k, v, seqlens, block_table=bt, causal=causal,
                       softmax_scale=data.get("softmax_scale"), plan=p, backend=args.backend,
-                      out=args.out, requests=requests, outlier_nats=args.outlier_nats)
+                      out=args.out, requests=requests, outlier_nats=args.outlier_nats, title=title)
     return 1 if (args.strict and rep.anomalies) else 0
 

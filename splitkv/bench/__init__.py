@@ -37,7 +37,9 @@ Row schema (JSON "rows"; one row per shape x dtype x provider; null where not me
                           its GPU time here too; null with --no-host
   host_calls       int    calls per host loop
   eager_tbps, graph_tbps          float  bytes / time, TB/s (1e12 B/s)
-  eager_pct_sol, graph_pct_sol    float  TB/s as % of meta.sol_tbps (4.8 TB/s on H200)
+  eager_pct_sol, graph_pct_sol    float  TB/s as % of meta.sol_tbps: the spec bandwidth of the GPU used
+                          (report.DEVICE_SOL_TBPS: 4.8 TB/s on H200) or --sol-tbps; null when
+                          there is none (a CPU, an unlisted GPU)
   eager_vs_best_peer, graph_vs_best_peer   float  best peer's µs / this row's µs (same shape,
                           dtype and mode; > 1 = faster than the best peer; 1.0 for that peer)
   best_peer_eager, best_peer_graph         str    which peer was the best
@@ -52,7 +54,7 @@ Row schema (JSON "rows"; one row per shape x dtype x provider; null where not me
   cmd              str    command that reproduces the row
 
 JSON document: {"schema": "splitkv.bench/1", "meta": {date, device, num_sms, driver, cuda, cudnn,
-python, torch, triton, cutlass, flashinfer, flash_attn, splitkv, git_commit, sol_tbps, command,
+python, torch, triton, cutlass, flashinfer, flash_attn, splitkv, git_commit, sol_tbps (null: none), command,
 timing, byte_model, suite, reps, graph, host, num_splits[, incomplete: why the run stopped early, the rows
 measured until then kept]}, "skipped_providers": [{provider, reason}],
 "rows": [...], "sweep": [{shape, mode, backend, dtype, planner_splits, planner_us, planner_plan,

@@ -50,8 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", metavar="PATH", help="write rows + metadata as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="write a markdown report")
     ap.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
-    ap.add_argument("--sol-tbps", type=float, default=report.SOL_TBPS,
-                    help="speed of light, TB/s (default: H200 4.8)")
+    ap.add_argument("--sol-tbps", type=float, default=None,
+                    help="speed of light, TB/s, for %% of SOL (default: the spec bandwidth of the GPU used, "
+                         "e.g. H200 4.8; none on a CPU or an unlisted GPU)")
+    ap.add_argument("--wide", action="store_true",
+                    help="terminal table with dtype, graph columns and each row's note (--json / --markdown "
+                         "always have every column)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true", help="no progress bar / progress lines")
     return ap
@@ -66,8 +70,15 @@ def _device(text: str) -> torch.device:
     return dev
 
 
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
 class _Progress:
-    """rich progress bar on a terminal; one plain line per shape otherwise (logs of remote runs)."""
+    """rich progress bar on a terminal, advanced by every row; one plain line per row otherwise (logs of
+    remote runs), with the row's result when there is one."""
 
     def __init__(self, console, total: int, enabled: bool):
         self.console, self.total, self.enabled = console, total, enabled
@@ -84,13 +95,18 @@ class _Progress:
             self.task = self.bar.add_task("bench", total=self.total)
         return self
 
-    def step(self, shape: str, what) -> None:
+    def step(self, shape: str, what, row: dict | None = None) -> None:
         self.done += 1
         if self.bar is not None:
             self.bar.update(self.task, advance=1, description=f"{shape} · {what}")
-        elif self.enabled and shape != self.last:
-            self.console.print(f"[{self.done}/{self.total}] {shape}  ({time.perf_counter() - self.t0:.0f} s)",
-                               highlight=False)
+        elif self.enabled:
+            result = ""
+            if row is not None:
+                result = (f"  {row['eager_us']:.1f} µs" if row["status"] == "ok" and row["eager_us"]
+                          else f"  {row['status']}")
+            width = len(str(self.total))
+            self.console.print(f"[{self.done:{width}d}/{self.total}] {shape}  {what}{result}  "
+                               f"({time.perf_counter() - self.t0:.0f} s)", highlight=False, markup=False)
         self.last = shape
 
     def __exit__(self, *exc):
@@ -134,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(str(exc)) from None
     console = Console(highlight=False)
     if not console.is_terminal:  # logs of remote runs: wide enough that rows do not wrap
-        console = Console(highlight=False, width=220)
+        console = Console(highlight=False, width=220 if args.wide else 160)
+    sol = args.sol_tbps if args.sol_tbps is not None else report.device_sol_tbps(device)
     argv_text = report.argv_str(argv)
     if args.list:
         for s in selected:
@@ -147,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep_rows: list[dict] = []
 
     def write(note: str | None = None) -> None:
-        meta = report.collect_meta(device, argv_text.split(), args.sol_tbps)
+        meta = report.collect_meta(device, argv_text.split(), sol)
         meta.update(suite=suite_name, reps=cfg.reps, graph=cfg.graph, host=cfg.host, num_splits=args.num_splits)
         if note:
             meta["incomplete"] = note
@@ -160,20 +177,21 @@ def main(argv: list[str] | None = None) -> int:
         if not (sweep and args.sweep_only):
             total = len(selected) * len(providers) * len(dtypes)
             with _Progress(console, total, not args.no_progress) as prog:
-                runner.run(selected, providers, cfg, on_step=prog.step, rows=rows)
-            report.finalize(rows, args.sol_tbps)
-            report.print_table(console, rows, skipped, explain=args.explain)
+                runner.run(selected, providers, cfg, on_step=lambda s, p: prog.step(s, p, rows[-1]), rows=rows)
+            report.finalize(rows, sol)
+            report.print_table(console, rows, skipped, explain=args.explain, device=_device_name(device),
+                               sol_tbps=sol, wide=args.wide)
         if sweep:
             sweep_rows += _sweep(args, cfg, suite_name, selected, providers, splits, console)
     except BaseException as exc:  # a CUDA fault or ^C: keep what was measured, then stop
-        report.finalize(rows, args.sol_tbps)
+        report.finalize(rows, sol)
         write(f"stopped after {len(rows)} rows: {type(exc).__name__}: {exc}")
         raise
     write()
     if args.plot:
         from .plots import write_plots
 
-        for path in write_plots(rows, args.plot, args.sol_tbps, sweep_rows):
+        for path in write_plots(rows, args.plot, sol, sweep_rows):
             console.print(f"wrote {path}")
     ours = [r for r in rows if r["kind"] == "splitkv"]
     failed = [r for r in ours if r["status"] == "error" or report.err_flag(r)]

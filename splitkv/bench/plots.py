@@ -2,6 +2,7 @@
 
   bandwidth_h{Hq}x{Hkv}_d{D}_{dtype}.png  effective TB/s vs context length, one panel per batch
                                           size, one line per provider, the SOL line dashed
+                                          (when the device has one); GB/s below 0.5 TB/s
   speedup_{mode}.png                       best peer time / splitkv time per shape (> 1 = faster)
   sweep.png                                time vs num_splits per swept shape, planner's pick marked
 Only contiguous, uniform, Sq = 1 rows (the PEERS.md grid) go into the bandwidth plots.
@@ -32,7 +33,7 @@ def _fmt_len(L: int) -> str:
     return f"{L // 1024}K" if L % 1024 == 0 else str(L)
 
 
-def bandwidth_plots(rows, out_dir: Path, sol_tbps: float, mode: str) -> list[Path]:
+def bandwidth_plots(rows, out_dir: Path, sol_tbps: float | None, mode: str) -> list[Path]:
     groups: dict[tuple, list[dict]] = {}
     for r in _grid_rows(rows):
         if r[f"{mode}_tbps"]:
@@ -44,22 +45,27 @@ def bandwidth_plots(rows, out_dir: Path, sol_tbps: float, mode: str) -> list[Pat
         axes = fig.subplots(1, len(batches), squeeze=False, sharey=True)[0]
         providers = sorted({r["provider"] for r in group}, key=lambda p: (not p.startswith("splitkv"), p))
         lengths = sorted({r["seqlen_max"] for r in group})
+        top = max(r[f"{mode}_tbps"] for r in group)
+        # GB/s below 0.5 TB/s (a CPU run), so the axis does not read 0.0000x
+        unit, scale = ("TB/s", 1.0) if max(top, sol_tbps or 0) >= 0.5 else ("GB/s", 1e3)
         for ax, B in zip(axes, batches, strict=True):
             for prov in providers:
-                pts = sorted((r["seqlen_max"], r[f"{mode}_tbps"]) for r in group
+                pts = sorted((r["seqlen_max"], r[f"{mode}_tbps"] * scale) for r in group
                              if r["batch"] == B and r["provider"] == prov)
                 if pts:
                     lw = 2.2 if prov.startswith("splitkv") else 1.2
                     ax.plot(*zip(*pts, strict=True), marker="o", lw=lw, label=prov)
-            ax.axhline(sol_tbps, ls="--", color="gray", lw=1)
-            ax.text(lengths[0], sol_tbps, f" SOL {sol_tbps} TB/s", va="bottom", fontsize=8, color="gray")
+            if sol_tbps:  # only the device's own peak (or --sol-tbps)
+                ax.axhline(sol_tbps * scale, ls="--", color="gray", lw=1)
+                ax.text(lengths[0], sol_tbps * scale, f" SOL {sol_tbps * scale:g} {unit}", va="bottom",
+                        fontsize=8, color="gray")
             ax.set_xscale("log", base=2)
             ax.set_xticks(lengths, [_fmt_len(L) for L in lengths])
-            ax.set_ylim(0, max(sol_tbps, max(r[f"{mode}_tbps"] for r in group)) * 1.12)
+            ax.set_ylim(0, max(sol_tbps or 0, top) * scale * 1.12)
             ax.set_title(f"B={B}")
             ax.set_xlabel("context length (keys)")
             ax.grid(alpha=0.3)
-        axes[0].set_ylabel(f"effective TB/s ({mode})")
+        axes[0].set_ylabel(f"effective {unit} ({mode})")
         axes[-1].legend(fontsize=8, loc="lower right")
         fig.suptitle(f"decode Hq/Hkv={hq}/{hkv} D={d} {dtype}")
         paths.append(_save(fig, out_dir / f"bandwidth_h{hq}x{hkv}_d{d}_{dtype}.png"))
@@ -106,7 +112,7 @@ def sweep_plot(sweep, out_dir: Path) -> Path:
     return _save(fig, out_dir / "sweep.png")
 
 
-def write_plots(rows, out_dir, sol_tbps: float, sweep=None) -> list[Path]:
+def write_plots(rows, out_dir, sol_tbps: float | None, sweep=None) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []

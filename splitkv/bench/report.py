@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import math
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,17 @@ import torch
 
 SCHEMA = "splitkv.bench/1"
 SOL_TBPS = 4.8  # H200 HBM3e spec bandwidth (PEERS.md); --sol-tbps for other GPUs
+# Spec DRAM bandwidth, TB/s, of the GPUs a device name is matched against (first match wins). Any
+# other device (a CPU included) has no speed of light: % of SOL stays null unless --sol-tbps gives one.
+DEVICE_SOL_TBPS = (
+    (r"\bH200\b", SOL_TBPS),
+    (r"\bH100 NVL\b", 3.9),
+    (r"\bH100 PCIe\b", 2.0),
+    (r"\bH100\b", 3.35),  # SXM (HBM3)
+    (r"\bA100\b.*80GB.*PCIe", 1.935),
+    (r"\bA100\b.*80GB", 2.039),
+    (r"\bA100\b", 1.555),  # 40GB
+)
 ERR_WARN = 2e-2  # rel_err above this is flagged in the table (bf16 rows are ~1e-3)
 
 FIELDS = (
@@ -54,14 +66,25 @@ def new_row(shape, provider, dtype_name: str, elem_bytes: int, cmd: str) -> dict
     return row
 
 
-def finalize(rows: list[dict], sol_tbps: float) -> None:
-    """Fill bandwidth, % of SOL and the ratio vs the best peer of the same shape and dtype."""
+def device_sol_tbps(device) -> float | None:
+    """Speed of light (spec DRAM bandwidth, TB/s) of the GPU `device` is, or None: a CPU, or a GPU
+    not in DEVICE_SOL_TBPS."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tbps for pattern, tbps in DEVICE_SOL_TBPS if re.search(pattern, name)), None)
+
+
+def finalize(rows: list[dict], sol_tbps: float | None) -> None:
+    """Fill bandwidth, % of SOL (null when sol_tbps is None) and the ratio vs the best peer of the
+    same shape and dtype."""
     for r in rows:
         for mode in ("eager", "graph"):
             us = r[f"{mode}_us"]
             tbps = r["bytes"] / us / 1e6 if us else None
             r[f"{mode}_tbps"] = tbps
-            r[f"{mode}_pct_sol"] = 100.0 * tbps / sol_tbps if tbps else None
+            r[f"{mode}_pct_sol"] = 100.0 * tbps / sol_tbps if tbps and sol_tbps else None
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["shape"], r["dtype"]), []).append(r)
@@ -90,7 +113,7 @@ def _run(cmd: list[str]) -> str | None:
         return None
 
 
-def collect_meta(device: torch.device, argv: list[str], sol_tbps: float) -> dict:
+def collect_meta(device: torch.device, argv: list[str], sol_tbps: float | None) -> dict:
     from .. import __version__
 
     meta = {
@@ -146,21 +169,36 @@ def headline_mode(rows: list[dict]) -> str:
     return "graph" if any(r["graph_us"] for r in rows) else "eager"
 
 
-# table columns after shape / dtype / provider (terminal and markdown)
+# markdown table columns after shape / dtype / provider (the terminal table has its own: TERM_*)
 COLUMNS = ("eager µs", "eager TB/s", "eager × best peer", "graph µs", "graph TB/s", "graph × best peer",
            "host µs/call", "max err")
-SHORT = {"eager × best peer": "eager ×peer", "graph × best peer": "graph ×peer", "eager TB/s": "eager TB/s",
-         "graph TB/s": "graph TB/s", "host µs/call": "host µs"}
+
+
+def _tbps(x) -> str:
+    """TB/s with two decimals; below 0.1 TB/s (a CPU) three significant digits instead of 0.00."""
+    if x is None:
+        return "—"
+    return format(x, ".2f") if x >= 0.1 or x == 0 else format(x, ".3g")
+
+
+def _err_cell(r: dict) -> str:
+    worst = _max_err(r)
+    return "nan" if worst != worst else _f(worst, ".1e")
 
 
 def _cells(r: dict) -> list[str]:
     if r["status"] != "ok":
         return [r["status"]] + ["—"] * (len(COLUMNS) - 1)
-    worst = _max_err(r)
-    err = "nan" if worst != worst else _f(worst, ".1e")
-    return [_f(r["eager_us"], ".1f"), _f(r["eager_tbps"], ".2f"), _f(r["eager_vs_best_peer"], ".2f"),
-            _f(r["graph_us"], ".1f"), _f(r["graph_tbps"], ".2f"), _f(r["graph_vs_best_peer"], ".2f"),
-            _f(r["host_us"], ".1f"), err]
+    return [_f(r["eager_us"], ".1f"), _tbps(r["eager_tbps"]), _f(r["eager_vs_best_peer"], ".2f"),
+            _f(r["graph_us"], ".1f"), _tbps(r["graph_tbps"]), _f(r["graph_vs_best_peer"], ".2f"),
+            _f(r["host_us"], ".1f"), _err_cell(r)]
+
+
+def sol_text(sol_tbps: float | None) -> str:
+    if sol_tbps is None:
+        return ("no SOL: no known peak bandwidth for this device (--sol-tbps sets one; % of SOL stays "
+                "null in the JSON)")
+    return f"SOL = {sol_tbps:g} TB/s (% of SOL in the JSON)"
 
 
 def write_markdown(path, meta: dict, skipped, rows: list[dict], sweep: list[dict] | None = None) -> None:
@@ -169,7 +207,7 @@ def write_markdown(path, meta: dict, skipped, rows: list[dict], sweep: list[dict
              f"triton {meta['triton']} · cutlass-dsl {meta['cutlass']} · flashinfer {meta['flashinfer']} · "
              f"splitkv {meta['splitkv']} ({meta['git_commit']})", "",
              f"Command: `{meta['command']}`", "", f"Timing: {meta['timing']}.", "",
-             f"Bytes: {meta['byte_model']}; SOL = {meta['sol_tbps']} TB/s (% of SOL in the JSON). "
+             f"Bytes: {meta['byte_model']}; {sol_text(meta['sol_tbps'])}. "
              "'× best peer' = the best peer's µs / this row's µs in the same mode (eager or graph), same "
              "shape and dtype; > 1 = faster. splitkv-<backend>-noplan is `splitkv.decode(q, k, v, lens)` "
              "with no plan (what a new user calls), eager and captured as it is; splitkv-<backend> reuses "
@@ -195,33 +233,99 @@ def write_markdown(path, meta: dict, skipped, rows: list[dict], sweep: list[dict
     Path(path).write_text("\n".join(lines) + "\n")
 
 
-def print_table(console, rows: list[dict], skipped, explain: bool = False) -> None:
+def gbps(tbps) -> str:
+    """Bandwidth in GB/s, digits that read right from a CPU (0.27) to an H200 (4,512)."""
+    if tbps is None:
+        return "—"
+    x = tbps * 1e3
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}" if x >= 0.01 or x == 0 else "<0.01"
+
+
+def vs_peer(r: dict, mode: str) -> str:
+    """'1.31× faster' / '5.88× slower' than the best peer; 'best peer' on that peer's own row."""
+    ratio = r[f"{mode}_vs_best_peer"]
+    if ratio is None or r["status"] != "ok":
+        return "—"
+    if r["provider"] == r[f"best_peer_{mode}"]:
+        return "best peer"
+    x, word = (ratio, "faster") if ratio >= 1 else (1 / ratio, "slower")
+    return f"{x:.2f}× {word}" if x < 10 else f"{x:,.0f}× {word}"
+
+
+def print_table(console, rows: list[dict], skipped, explain: bool = False, *, device: str | None = None,
+                sol_tbps: float | None = None, wide: bool = False) -> None:
+    """The terminal table: about 120 columns on a CPU, about 160 with the graph columns of a GPU run.
+    Graph columns only when a row has graph times, % of SOL only with a SOL; wide adds dtype (also
+    shown when the run has several), the graph columns and each row's note (always in --json /
+    --markdown, with each row's reproduce command)."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="splitkv bench (× peer: best peer µs / this µs, same mode; host: CPU µs per call)",
-                  show_lines=False)
-    for col in ("shape", "dtype", "provider") + tuple(SHORT.get(c, c) for c in COLUMNS) + ("note",):
-        table.add_column(col, justify="left" if col in ("shape", "provider", "note", "dtype") else "right",
-                         overflow="fold")
+    graph = wide or any(r["graph_us"] for r in rows)
+    dtype = wide or len({r["dtype"] for r in rows}) > 1
+    modes = ("eager", "graph") if graph else ("eager",)
+    cols: list[tuple[str, str]] = [("shape", "left")] + ([("dtype", "left")] if dtype else []) + [("provider", "left")]
+    for mode in modes:
+        cols += [(f"{mode} µs", "right"), ("GB/s", "right")]
+        if sol_tbps:
+            cols.append(("%SOL", "right"))
+        cols.append(("vs best peer", "right"))
+    cols += [("host µs", "right"), ("max err", "right")] + ([("note", "left")] if wide else [])
+    title = f"splitkv bench{f' on {device}' if device else ''}"
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_lines=False)
+    for name, justify in cols:
+        table.add_column(name, justify=justify, overflow="fold")
     last = None
     for r in rows:
-        cells = _cells(r)
-        for i, mode in ((2, "eager"), (5, "graph")):
+        ok = r["status"] == "ok"
+        cells = []
+        for mode in modes:
+            us = r[f"{mode}_us"]
+            cells += [_f(us, ".1f") if ok else r["status"], gbps(r[f"{mode}_tbps"])]
+            if sol_tbps:
+                pct = r[f"{mode}_pct_sol"]
+                cells.append(_f(pct, ".0f" if pct is not None and pct >= 10 else ".1f"))
             ratio = r[f"{mode}_vs_best_peer"]
-            if r["kind"] == "splitkv" and ratio is not None and r["status"] == "ok":
-                cells[i] = f"[{'green' if ratio >= 1 else 'red'}]{cells[i]}[/]"
-        if err_flag(r):
-            cells[-1] = f"[red]{cells[-1]}[/]"
+            cell = vs_peer(r, mode)
+            if r["kind"] == "splitkv" and ratio is not None and ok:
+                cell = f"[{'green' if ratio >= 1 else 'red'}]{cell}[/]"
+            cells.append(cell)
+        err = _err_cell(r) if ok else "—"
+        cells += [_f(r["host_us"], ".1f") if ok else "—", f"[red]{err}[/]" if err_flag(r) else err]
+        if wide:
+            cells.append(escape(r["note"] or ""))
         name = r["shape"] if r["shape"] != last else ""
         last = r["shape"]
         prov = f"[bold]{r['provider']}[/]" if r["kind"] == "splitkv" else r["provider"]
-        table.add_row(name, r["dtype"], prov, *cells, escape(r["note"] or ""), end_section=False)
+        table.add_row(name, *([r["dtype"]] if dtype else []), prov, *cells)
     console.print(table)
+    if not wide:  # why a row is n/a or failed, once per distinct reason
+        reasons: dict[tuple, list[str]] = {}
+        for r in rows:
+            if r["status"] != "ok":
+                reasons.setdefault((r["provider"], r["status"], r["note"]), []).append(r["shape"])
+        for (prov, status, note), names in reasons.items():
+            console.print(f"{status}: {escape(prov)} on {', '.join(names)}: {escape(note or '')}", highlight=False)
+    console.print("vs best peer: against the fastest peer (SDPA, FlashInfer, ...) on the same shape, dtype and "
+                  "mode. GB/s: bytes a decode must move (K + V of the valid keys, q, o) / time. host µs: CPU "
+                  "time to issue one call. "
+                  + (f"%SOL: of {sol_tbps:g} TB/s." if sol_tbps else
+                     "No %SOL: no known peak bandwidth for this device (--sol-tbps sets one)."),
+                  highlight=False)
+    if any(r["kind"] == "splitkv" and r["provider"].startswith("splitkv-torch") for r in rows):
+        console.print("splitkv-torch is the plain-PyTorch backend (the CPU path and the readable spec of the "
+                      "GPU kernels), not a tuned kernel; CPU times say nothing about a GPU.", highlight=False)
     if skipped:
         console.print("skipped (not available here): " + "; ".join(f"{n} ({why})" for n, why in skipped))
-    console.print("reproduce a row: python -m splitkv bench --suite SUITE --shapes SHAPE "
-                  "--providers PROVIDER (each row's exact command is in --json / --markdown)")
+    hidden = "" if wide else "--wide adds each row's note; "
+    console.print(f"{hidden}--json / --markdown keep every column, the note and the command that reproduces "
+                  "each row (python -m splitkv bench --suite SUITE --shapes SHAPE --providers PROVIDER)",
+                  highlight=False)
     if explain:
         for r in rows:
             if r["plan"] or r["graph_plan"]:
