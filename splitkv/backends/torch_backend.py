@@ -1,9 +1,28 @@
-"""The split/combine algorithm in vectorised PyTorch: the CPU backend and the readable spec.
+"""The split/combine algorithm in PyTorch: the CPU backend and the readable spec.
 
-Every split of every request runs at once: keys are gathered into a padded [B, S, C] grid
-(S = plan.max_splits, C = longest split), masked, and reduced with an exact softmax per split in
-fp32. Partials go to the plan's workspace in the shared layout (o_part [S, B, Hq, Sq, D],
-lse_part [S, B, Hq, Sq]) and `combine` merges them exactly as the GPU combine kernel does.
+Two paths, the same results to rounding (tests/test_torch_backend.py pins them together):
+
+* `run_spec` — the specification. Every split of every request runs at once: keys are gathered
+  into a padded [B, S, C] grid (S = plan.max_splits, C = longest split), masked, and reduced with
+  an exact softmax per split in fp32. Partials go to the plan's workspace in the shared layout
+  (o_part [S, B, Hq, Sq, D], lse_part [S, B, Hq, Sq]) and `combine` merges them exactly as the GPU
+  combine kernel does. `run` takes it whenever the partials are observable: under
+  splitkv.debug.capture_partials, and for plans with a forced num_splits > 1.
+* `run_fast` — what a CPU call runs otherwise. On a CPU, splitting a request buys no parallelism
+  (the attention op already spreads KV heads over the cores) and the padded grid, the gathers and
+  the fp32 upcast of K and V cost 2-7x SDPA's time (benchmarks/cpu_torch_backend.py). So the
+  plan's split table is not used (no partials are written) and each request's keys go, in one pass and in
+  their own dtype, through ATen's CPU flash-attention kernel
+  (aten._scaled_dot_product_flash_attention_for_cpu, which returns the logsumexp too), with the
+  Hq/Hkv query heads of a KV head (x Sq tokens) packed as its rows (GQA packing: K/V read once per
+  KV head). Contiguous caches and runs of consecutive pages are read in place (strided views);
+  other paged requests gather their used pages once. Causal Sq > 1: the keys every query sees go
+  through the kernel, the <= Sq - 1 newest keys (seen by some queries only) through the spec's
+  masked softmax, and `combine` merges the two states (no additive mask: NaN + -inf would let a
+  NaN in a key a query does not see reach it). One request per kernel call (requests of equal
+  length in a contiguous cache share one unless the plan is batch-invariant), so a request's
+  result is bitwise independent of the rest of the batch; the kernel is deterministic.
+
 Deterministic: the same inputs give bitwise the same outputs.
 NaN in q or in a used key / value propagates to o and lse (as in SDPA); only a row with no
 visible key is o = 0, lse = -inf. The combine takes lse = -inf or +inf (FlashAttention's "no
@@ -16,6 +35,8 @@ import math
 from types import SimpleNamespace
 
 import torch
+
+from .. import debug
 
 NEG_INF = -math.inf
 
@@ -104,7 +125,8 @@ def combine(o_part, lse_part, num_splits, out, lse_out):
     lse_out.copy_(torch.where(has, m_safe + torch.log(torch.where(has, den, 1.0)), NEG_INF))
 
 
-def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+def run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+    """The spec path: every split of the plan, partials in the workspace when it has one, combine."""
     if plan.batch_invariant and q.shape[0] > 1:
         # one request at a time: the padded split grid (and so every reduction's shape and order)
         # is then the request's own, whatever else is in the batch
@@ -113,10 +135,10 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                                   chunk_lens=plan.chunk_lens[b:b + 1], num_kv_heads=plan.num_kv_heads,
                                   qhead_per_kvhead=plan.qhead_per_kvhead, batch_invariant=False)
             paged = block_table is not None
-            run(q[b:b + 1], k_cache if paged else k_cache[b:b + 1], v_cache if paged else v_cache[b:b + 1],
-                cache_seqlens[b:b + 1], block_table[b:b + 1] if paged else None, one,
-                None if o_part is None else o_part[:, b:b + 1], None if lse_part is None else lse_part[:, b:b + 1],
-                out[b:b + 1], lse[b:b + 1], scale, causal)
+            run_spec(q[b:b + 1], k_cache if paged else k_cache[b:b + 1], v_cache if paged else v_cache[b:b + 1],
+                     cache_seqlens[b:b + 1], block_table[b:b + 1] if paged else None, one,
+                     None if o_part is None else o_part[:, b:b + 1],
+                     None if lse_part is None else lse_part[:, b:b + 1], out[b:b + 1], lse[b:b + 1], scale, causal)
         return
     o_s, lse_s = run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal)
     if o_part is not None:  # keep partials in the shared workspace layout (debug hook reads them)
@@ -124,3 +146,95 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         lse_part.copy_(lse_s)
         o_s, lse_s = o_part, lse_part
     combine(o_s, lse_s, plan.num_splits, out, lse)
+
+
+# ---- the fast path -------------------------------------------------------------------------------
+
+_flash_cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # (o, lse fp32) [B, H, M, *]
+
+
+def _keys(cache, b, L, block_table):
+    """[L, Hkv, D] keys (or values) of request b: a view of a contiguous cache or of a run of
+    consecutive pages, else a copy of its used pages. Table entries past its last page are never read."""
+    if block_table is None:
+        return cache[b, :L]
+    row = block_table[b, :-(-L // cache.shape[1])]
+    ids = row.tolist()  # a CPU table: reading it is free
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        return cache[ids[0]:ids[0] + len(ids)].flatten(0, 1)[:L]
+    return cache.index_select(0, row).flatten(0, 1)[:L]
+
+
+def _attend(q, k, v, out, lse, scale):
+    """One pass of the CPU flash kernel: q [n, Sq, Hq, D], k/v [n, L, Hkv, D] (L >= 1, any strides
+    with unit stride on D) -> out [n, Sq, Hq, D] (q's dtype), lse [n, Hq, Sq] (fp32)."""
+    n, Sq, Hq, D = q.shape
+    Hkv = k.shape[2]
+    G = Hq // Hkv
+    qp = q.reshape(n, Hkv, G, D) if Sq == 1 else q.unflatten(2, (Hkv, G)).permute(0, 2, 3, 1, 4).reshape(
+        n, Hkv, G * Sq, D)  # rows (g, t) of each KV head
+    o, lse_p = _flash_cpu(qp, k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    if Sq == 1 and out.is_contiguous():
+        out.view(n, Hkv, G, D).copy_(o)
+    else:
+        out.unflatten(2, (Hkv, G)).copy_(o.unflatten(2, (G, Sq)).permute(0, 3, 1, 2, 4))
+    lse.unflatten(1, (Hkv, G)).copy_(lse_p.unflatten(2, (G, Sq)))
+
+
+def _causal_one(q, k, v, out, lse, scale):
+    """Causal Sq > 1 for one request (q [1, Sq, Hq, D], k/v [1, L, Hkv, D]): query t sees keys
+    0 .. L - Sq + t. The keys every query sees (0 .. L - Sq) take one kernel pass, the Sq - 1 newest
+    the spec's masked softmax; combine merges the two (an empty part weighs nothing)."""
+    Sq, Hq, D = q.shape[1:]
+    L = k.shape[1]
+    shared = L - Sq + 1
+    o_p = torch.empty(2, 1, Hq, Sq, D)
+    lse_p = torch.empty(2, 1, Hq, Sq)
+    if shared > 0:
+        _attend(q, k[:, :shared], v[:, :shared], o_p[0].transpose(1, 2), lse_p[0], scale)
+    else:
+        lse_p[0].fill_(NEG_INF)  # o_p[0] is never read
+    lo = max(shared, 0)
+    tail = SimpleNamespace(max_splits=1, num_splits=torch.ones(1, dtype=torch.int32),
+                           chunk_lens=torch.full((1,), L - lo, dtype=torch.int32),
+                           num_kv_heads=k.shape[2], qhead_per_kvhead=Hq // k.shape[2])
+    # the tail as a request of its own (keys lo .. L-1, the same bottom-right alignment)
+    o1, lse1 = run_split(q, k[:, lo:], v[:, lo:], torch.tensor([L - lo], dtype=torch.int32), None, tail,
+                         scale, True)
+    o_p[1].copy_(o1[0])
+    lse_p[1].copy_(lse1[0])
+    combine(o_p, lse_p, torch.full((1,), 2, dtype=torch.int32), out, lse)
+
+
+def run_fast(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
+    """The whole of each request in one pass of ATen's CPU flash kernel (see the module docstring);
+    the split table is not used: no partials are written."""
+    B, Sq = q.shape[:2]
+    lengths = cache_seqlens.tolist()  # a CPU tensor: reading it is free
+    causal = causal and Sq > 1
+    if (B > 1 and block_table is None and not causal and not plan.batch_invariant and lengths[0] > 0
+            and lengths.count(lengths[0]) == B):  # a uniform contiguous batch: one call
+        _attend(q, k_cache[:, :lengths[0]], v_cache[:, :lengths[0]], out, lse, scale)
+        return
+    for b, L in enumerate(lengths):
+        if L == 0:  # no key (and the kernel takes none): o = 0, lse = -inf
+            out[b].zero_()
+            lse[b].fill_(NEG_INF)
+            continue
+        k = _keys(k_cache, b, L, block_table)[None]
+        v = _keys(v_cache, b, L, block_table)[None]
+        qb, ob, lb = (q, out, lse) if B == 1 else (q[b:b + 1], out[b:b + 1], lse[b:b + 1])
+        (_causal_one if causal else _attend)(qb, k, v, ob, lb, scale)
+
+
+def spec_wanted(plan) -> bool:
+    """The spec path runs where its partials can be observed: under debug.capture_partials, and
+    for a forced num_splits > 1 (the caller asked for split/combine)."""
+    return debug.active() or (getattr(plan, "forced", None) or 1) > 1
+
+
+def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+    if q.device.type != "cpu" or spec_wanted(plan):
+        run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+    else:
+        run_fast(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
