@@ -25,6 +25,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
+from .constants import BACKEND_CHOICES
+
 _PTXAS_RE = {
     "registers": re.compile(r"Used (\d+) registers"),
     "spill_stores": re.compile(r"(\d+) bytes spill stores"),
@@ -216,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     from splitkv.backends.cutlass.config import DTYPES, HEAD_DIMS
 
     ap = argparse.ArgumentParser(prog="python -m splitkv compile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", default=None, type=_list(str, ("auto", "torch", "triton", "cutlass")),
+    ap.add_argument("--backend", default=None, type=_list(str, BACKEND_CHOICES),
                     help="compile: only 'cutlass' (the default) compiles ahead of time; "
                          "--warmup: backends to warm, comma-separated (default auto)")
     ap.add_argument("--arch", default="sm_90a")

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .constants import BACKEND_CHOICES
+
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 MAX_Q_LEN = 16
-BACKENDS = ("auto", "torch", "triton", "cutlass")
+BACKENDS = BACKEND_CHOICES  # what backend= accepts (splitkv.constants)
 LOW_DTYPES = (torch.float16, torch.bfloat16)
 
 

@@ -28,10 +28,10 @@ from cutlass import Float32, Int32, Int64
 
 from splitkv.backends.cutlass.config import CombineConfig
 from splitkv.backends.cutlass.paging import gmem_vec
+from splitkv.constants import LOG2E
 
 DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": Float32}
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+
 ROWS_PER_CTA = 4
 CHUNK = 32  # splits per weight chunk: one per lane
 

@@ -18,8 +18,8 @@ from cutlass import Float32, Int32, Int64
 
 from splitkv.backends.cutlass.config import NUM_THREADS
 from splitkv.backends.cutlass.paging import gmem_vec
+from splitkv.constants import LN2
 
-LN2 = 0.6931471805599453
 VEC = 4  # fp32 values per thread per store: 16-byte partial stores, 8-byte fp16/bf16 stores
 
 

@@ -26,8 +26,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from splitkv.backends.cutlass.epilogue import VEC, tile_items
 from splitkv.backends.cutlass.paging import gmem_vec
+from splitkv.constants import LOG2E
 
-LOG2E = 1.4426950408889634
 CHUNK = 8  # splits whose loads are in flight together per item
 
 

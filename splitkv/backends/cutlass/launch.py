@@ -14,10 +14,10 @@ from splitkv.backends.cutlass import rows_aligned
 from splitkv.backends.cutlass.argpack import Packer
 from splitkv.backends.cutlass.cache import CACHE
 from splitkv.backends.cutlass.config import CombineConfig, SplitConfig
+from splitkv.constants import LOG2E
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _PACKERS: dict[tuple[str, str], Packer] = {}
-LOG2E = 1.4426950408889634
 
 
 def arch_of(device: torch.device) -> str:

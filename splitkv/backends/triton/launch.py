@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 
+from ...constants import LOG2E
 from .combine_kernel import combine_kernel
 from .fastlaunch import Bound, FastLauncher
 from .schedule_kernel import schedule_kernel
-from .split_kernel import LOG2E, split_kernel
+from .split_kernel import split_kernel
 
 _split = FastLauncher(split_kernel)
 _combine = FastLauncher(combine_kernel)

@@ -25,8 +25,9 @@ where kvh * s_kh passes 2^31 once (Hkv - 1) * Lmax * D does) is addressed correc
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634  # host-side: scale * log2(e)
-LN2 = tl.constexpr(0.6931471805599453)
+from ...constants import LN2 as _LN2
+
+LN2 = tl.constexpr(_LN2)  # the host passes scale * LOG2E (splitkv.constants): the kernel works in base 2
 
 
 @triton.jit

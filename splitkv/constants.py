@@ -1,0 +1,9 @@
+"""Names and numbers every layer shares (one definition each)."""
+
+import math
+
+BACKENDS = ("torch", "triton", "cutlass")  # the implementations; `auto` picks one of them
+BACKEND_CHOICES = ("auto",) + BACKENDS  # what `backend=` accepts
+
+LOG2E = math.log2(math.e)  # kernels run the softmax in base 2: exp(x) = exp2(x * LOG2E)
+LN2 = math.log(2.0)  # and turn a base-2 LSE back into natural log: lse = lse2 * LN2
