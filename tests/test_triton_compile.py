@@ -12,6 +12,13 @@ pytest.importorskip("triton")
 
 
 def test_all_variants_compile_for_sm90():
+    from splitkv.backends.triton.aot import find_ptxas
+
+    if find_ptxas(90) is None:  # the one condition this test skips on; any other failure is a failure
+        import triton
+
+        pytest.skip(f"no usable ptxas for sm_90: triton {triton.__version__} finds none it can run "
+                    "(bundled binary missing, or TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH unusable)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("import json; from splitkv.backends.triton.aot import compile_all; "
             "print(json.dumps(compile_all(verbose=False)))")

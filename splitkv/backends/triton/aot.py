@@ -30,21 +30,57 @@ def _compile(fn, signature: dict, constexprs: dict, arch: int, num_warps: int, n
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
+def find_ptxas(arch: int = 90) -> str | None:
+    """The ptxas the installed Triton itself compiles for `arch` with (its own lookup: the
+    TRITON_PTXAS*_PATH variables, then the ptxas it bundles), or None when it finds none that runs.
+
+    Which binary that is depends on the version: Triton 3.9 compiles sm_90 with its bundled
+    `ptxas-blackwell` (the plain `ptxas` it still ships is CUDA 12.8 and rejects the PTX 9.x it emits),
+    3.3 and 3.6-3.8 pick by arch, 3.4-3.5 have one. API: 3.0-3.2 `_path_to_binary("ptxas")` and 3.3
+    `get_ptxas(arch)` return (path, version); 3.4-3.5 `get_ptxas()` and 3.6+ `get_ptxas(arch)` a tool
+    with `.path`. Tested with 3.6 and 3.9.
+    """
+    import inspect
+    import os
+
+    try:
+        from triton.backends.nvidia import compiler as nv
+    except Exception:
+        return None
+    try:
+        get = getattr(nv, "get_ptxas", None)
+        if get is None:
+            tool = nv._path_to_binary("ptxas")
+        else:
+            try:
+                takes_arch = bool(inspect.signature(get).parameters)
+            except (TypeError, ValueError):
+                takes_arch = True
+            tool = get(arch) if takes_arch else get()
+    except Exception:  # Triton raises RuntimeError("Cannot find ptxas") when no candidate runs
+        return None
+    path = getattr(tool, "path", None) or (tool[0] if isinstance(tool, (tuple, list)) else tool)
+    return path if isinstance(path, str) and os.path.isfile(path) else None
+
+
 def _resources(kernel, arch: int) -> dict:
-    """Registers / spill bytes from `ptxas -v` on the kernel's PTX (triton ships ptxas)."""
+    """Registers / spill bytes from `ptxas -v` on the kernel's PTX, with the ptxas Triton uses for `arch`."""
     import os
     import re
     import subprocess
     import tempfile
 
-    import triton
-
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = find_ptxas(arch)
+    if ptxas is None:
+        raise RuntimeError(f"no usable ptxas for sm_{arch}: the installed Triton finds none "
+                           "(see TRITON_PTXAS_PATH / TRITON_PTXAS_BLACKWELL_PATH)")
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(kernel.asm["ptx"])
     try:
         res = subprocess.run([ptxas, f"-arch=sm_{arch}a", "-v", f.name, "-o", os.devnull],
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"{ptxas} failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
     finally:
         os.unlink(f.name)
     regs = re.search(r"Used (\d+) registers", res.stderr)

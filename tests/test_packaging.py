@@ -1,0 +1,42 @@
+"""Packaging checks cheap enough for the CPU suite: the installed distribution's metadata (an
+editable install in the checkout, the built wheel in CI's second pass) carries splitkv.__version__,
+the SPDX license and the LICENSE file, and the CLI reports the same version. Skipped when splitkv
+is imported from a path without being installed (no metadata to check)."""
+
+import importlib.metadata as md
+import subprocess
+import sys
+
+import pytest
+
+import splitkv
+
+
+@pytest.fixture(scope="module")
+def dist():
+    try:
+        return md.distribution("splitkv")
+    except md.PackageNotFoundError:
+        pytest.skip("splitkv is not installed (imported from a path): no distribution metadata to check")
+
+
+def test_metadata_version_is_the_package_version(dist):
+    assert dist.version == splitkv.__version__, (
+        f"installed metadata says {dist.version}, splitkv.__version__ is {splitkv.__version__}: reinstall")
+
+
+def test_license_is_declared_and_ships(dist):
+    meta = dist.metadata
+    assert meta.get("License-Expression") == "Apache-2.0"
+    assert "LICENSE" in (meta.get_all("License-File") or [])
+    # a wheel keeps it in .dist-info/licenses/, an editable install's egg-info names it at the root
+    shipped = [f for f in (dist.files or []) if f.name == "LICENSE"]
+    assert shipped, "LICENSE is not among the distribution's files"
+    text = shipped[0].read_text()
+    assert "Apache License" in text and "Version 2.0" in text
+
+
+def test_cli_version_prints_the_package_version(dist):
+    res = subprocess.run([sys.executable, "-m", "splitkv", "--version"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"splitkv {splitkv.__version__}"
