@@ -68,8 +68,11 @@ def run(console, device) -> bool:
                   "every decode step through PagedKVCache + splitkv:")
     console.print(f"  splitkv generate: {t_ours:.2f} s including prefill ({new / t_ours:.1f} tokens/s overall); "
                   f"transformers generate: {t_ref:.2f} s")
-    console.print(f"  splits at the last step: {int(p.num_splits.tolist()[0])} per KV head "
-                  f"({escape(p.describe())})", highlight=False)
+    if gpu:
+        console.print(f"  splits at the last step: {int(p.num_splits.tolist()[0])} per KV head "
+                      f"({escape(p.describe())})", highlight=False)
+    else:
+        console.print("  on the CPU each step runs one fused attention pass per request (no split)", highlight=False)
     if same == new:
         note = "" if gpu else " (fp32 on CPU: must be identical)"
         console.print(f"  [green]{same}/{new} tokens identical to transformers' generate{note}[/]")

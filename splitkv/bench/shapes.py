@@ -1,7 +1,7 @@
 """Benchmark suites: named decode problems and the byte model. No tensors here (inputs.py builds them).
 
 Suites
-  peers  the ../shared/PEERS.md grid: B 1/4/16/64 x L 4K/32K/128K x Hq/Hkv 32/32, 32/8, 64/8, D 128,
+  peers  the benchmarks/PEERS.md grid: B 1/4/16/64 x L 4K/32K/128K x Hq/Hkv 32/32, 32/8, 64/8, D 128,
          minus the combinations whose K+V exceed KV_CAP_BYTES (the same cut PEERS.md made).
   full   (default) peers + paged page_size 16 (the FlashInfer rows of PEERS.md), Sq=4 causal
          (speculative verify), ragged batches (lengths spread geometrically 1K-128K, contiguous and
