@@ -81,11 +81,14 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         cache_seqlens = cache_seqlens.contiguous()
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
-    if plan is None:
+    own_plan = plan is None
+    # lengths and page ids: read on the host only where that is free (a decode on the CPU that plans
+    # for itself) or asked for (SPLITKV_DEBUG=1); with a plan on a GPU they are the caller's contract
+    if (own_plan and q.device.type == "cpu") or _debugging():
+        validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
+    if own_plan:
         if not isinstance(batch_invariant, bool):
             raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
-        if q.device.type == "cpu" or _debugging():  # CPU values are free to read; on a GPU only on demand
-            validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
         plan = _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant)
         plan.schedule(cache_seqlens) if copied else plan.schedule_if_new(cache_seqlens)
     else:
@@ -98,14 +101,12 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         if plan.checked[0] is not prob or backend != "auto":  # validated Problems are cached: same object, same call
             plan.check_call(prob, backend, q.device)
             plan.checked[0] = prob if backend == "auto" else None
-        if _debugging():  # the caller's contract, checked on demand (one host read)
-            validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)
     o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = (torch.empty(prob.batch, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=q.device)
            if return_lse else plan.lse_scratch)
-    plan.module.run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part,
-                                   plan.lse_part, o, lse, scale, causal)
+    plan.module.run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part, plan.lse_part, o, lse,
+                    scale, causal)
     if debug.active():
         debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
     return (o, lse) if return_lse else o

@@ -142,8 +142,8 @@ class DecodePlan:
             schedule(cache_seqlens, self.sched, self.rule, self.launches)
         else:
             n, chunk = H.schedule(cache_seqlens, self.rule)
-            self.sched[0, : self.batch].copy_(n)
-            self.sched[1, : self.batch].copy_(chunk)
+            self.num_splits.copy_(n)
+            self.chunk_lens.copy_(chunk)
 
     def check_call(self, prob: validate.Problem, backend: str, device: torch.device) -> None:
         """The call must be the problem the plan was made for; each mismatch is named."""

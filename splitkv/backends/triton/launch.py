@@ -40,7 +40,7 @@ def schedule(cache_seqlens, sched, rule, bound: Bound | None = None) -> None:
         fl, scalars, cx, w, st = build()
         fl((1,), tensors, scalars, cx, w, st)
         return
-    bound.launch(("schedule", cache_seqlens.stride(0), id(rule)), (1,), tensors,
+    bound.launch(("schedule", cache_seqlens.stride(0)), (1,), tensors,  # a Bound is one plan's: one rule
                  (cache_seqlens.data_ptr() & 15) == 0, build)
 
 
