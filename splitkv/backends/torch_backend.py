@@ -125,15 +125,20 @@ def combine(o_part, lse_part, num_splits, out, lse_out):
     lse_out.copy_(torch.where(has, m_safe + torch.log(torch.where(has, den, 1.0)), NEG_INF))
 
 
+def _request_plan(max_splits, num_splits, chunk_lens, num_kv_heads, qhead_per_kvhead):
+    """The plan fields run_split / run_spec read, for one request run on its own."""
+    return SimpleNamespace(max_splits=max_splits, num_splits=num_splits, chunk_lens=chunk_lens,
+                           num_kv_heads=num_kv_heads, qhead_per_kvhead=qhead_per_kvhead, batch_invariant=False)
+
+
 def run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
     """The spec path: every split of the plan, partials in the workspace when it has one, combine."""
     if plan.batch_invariant and q.shape[0] > 1:
         # one request at a time: the padded split grid (and so every reduction's shape and order)
         # is then the request's own, whatever else is in the batch
         for b in range(q.shape[0]):
-            one = SimpleNamespace(max_splits=plan.max_splits, num_splits=plan.num_splits[b:b + 1],
-                                  chunk_lens=plan.chunk_lens[b:b + 1], num_kv_heads=plan.num_kv_heads,
-                                  qhead_per_kvhead=plan.qhead_per_kvhead, batch_invariant=False)
+            one = _request_plan(plan.max_splits, plan.num_splits[b:b + 1], plan.chunk_lens[b:b + 1],
+                                plan.num_kv_heads, plan.qhead_per_kvhead)
             paged = block_table is not None
             run_spec(q[b:b + 1], k_cache if paged else k_cache[b:b + 1], v_cache if paged else v_cache[b:b + 1],
                      cache_seqlens[b:b + 1], block_table[b:b + 1] if paged else None, one,
@@ -195,9 +200,8 @@ def _causal_one(q, k, v, out, lse, scale):
     else:
         lse_p[0].fill_(NEG_INF)  # o_p[0] is never read
     lo = max(shared, 0)
-    tail = SimpleNamespace(max_splits=1, num_splits=torch.ones(1, dtype=torch.int32),
-                           chunk_lens=torch.full((1,), L - lo, dtype=torch.int32),
-                           num_kv_heads=k.shape[2], qhead_per_kvhead=Hq // k.shape[2])
+    tail = _request_plan(1, torch.ones(1, dtype=torch.int32), torch.full((1,), L - lo, dtype=torch.int32),
+                         k.shape[2], Hq // k.shape[2])
     # the tail as a request of its own (keys lo .. L-1, the same bottom-right alignment)
     o1, lse1 = run_split(q, k[:, lo:], v[:, lo:], torch.tensor([L - lo], dtype=torch.int32), None, tail,
                          scale, True)
