@@ -139,7 +139,7 @@ def query_tiles(rows: int, block_m: int) -> int:
 # 1 + batch / CTAs = 1 + 1 / RAGGED_SPLITS_PER_REQUEST = 1.25, and the GPU's block scheduler packs
 # the several waves. Uniform batches never trigger it (their one-wave plan is balanced).
 # The grid's split dimension must cover that re-plan, and every CTA past a request's split count
-# still launches and exits (a 70 KB shared-memory CTA: ~1 us per wave of them). So when batch x
+# still launches and exits (an estimate, not measured: ~1 us per wave of such empty CTAs). So when batch x
 # groups already fills the GPU (uniform batches then run unsplit), the grid keeps only
 # FULL_GRID_MAX_SPLITS splits: enough to cut a ragged batch's longest requests into a few CTAs.
 BALANCE = 1.25
