@@ -12,9 +12,9 @@ Measured, for each backend of triton / cutlass / auto (skipped when unavailable)
   decode(plan=p) with an eager plan, with out=, return_lse=True; with a graph-safe plan;
   splitkv.plan() (once per step) and plan.refresh() of a graph-safe plan;
 peers: SDPA cuDNN and flash (views of the same tensors, GQA without expanding K/V);
-stages that stay meaningful from the outside: splitkv.validate.check_decode_inputs, a bare
-torch.empty, torch.cuda.current_stream. Any entry that raises is reported as "error: ..." and
-the script goes on. Prints a table; writes host_overhead.json under --out.
+stages: the bound launch of the lean path alone (per backend), splitkv.validate.check_keyed (the
+signature lookup every call does), a bare torch.empty_like, torch.cuda.current_stream. Any entry
+that raises is reported as "error: ..." and the script goes on. Prints a table; writes host_overhead.json under --out.
 """
 
 from __future__ import annotations
@@ -128,7 +128,22 @@ def entries_for(q, k, v, sl, device, backends_to_run):
         guarded(f"[{be}] decode(plan=p, return_lse=True)", lambda be=be: with_plan(be, return_lse=True))
         guarded(f"[{be}] decode(plan=p, out=, return_lse=True)",
                 lambda be=be: with_plan(be, out=out, return_lse=True))
+        def bound_launch(be=be):
+            """The lean path's launch alone: the plan's bound launcher with this call's pointers."""
+            p = splitkv.plan(sl, Hq, Hkv, D, backend=be)
+            for _ in range(2):
+                splitkv.decode(q, k, v, sl, plan=p, backend=be)  # the second call is the lean one
+            hit = validate.check_keyed(q, k, v, sl, None, None, None, be, True)[1].memo.get(p)
+            if hit is None:
+                raise RuntimeError("no bound launch: the lean path is not taken for this call")
+            launch, stream, o = hit[1], torch.cuda.current_stream(device).cuda_stream, torch.empty_like(q)
+            ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), sl.data_ptr(), sl.data_ptr(), o.data_ptr(),
+                    p.lse_scratch.data_ptr())
+            return lambda: launch(stream, *ptrs)
+
         guarded(f"[{be}] decode(plan=graph-safe p)", with_graph_plan)
+        if device.type == "cuda":
+            guarded(f"[{be}] bound launch only (lean path's launch)", bound_launch)
         guarded(f"[{be}] splitkv.plan() eager", lambda be=be: lambda: splitkv.plan(sl, Hq, Hkv, D, backend=be))
         guarded(f"[{be}] graph-safe p.refresh(lens)", refresh)
 
@@ -154,8 +169,8 @@ def entries_for(q, k, v, sl, device, backends_to_run):
         guarded(f"[peer] SDPA {label}", sdpa)
 
     # stages reachable from outside
-    guarded("[stage] validate.check_decode_inputs",
-            lambda: lambda: validate.check_decode_inputs(q, k, v, sl, None, None, None, "auto"))
+    guarded("[stage] validate.check_keyed (signature lookup)",
+            lambda: lambda: validate.check_keyed(q, k, v, sl, None, None, None, "auto", True))
     guarded("[stage] torch.empty_like(q)", lambda: lambda: torch.empty_like(q))
     if device.type == "cuda":
         guarded("[stage] torch.cuda.current_stream()", lambda: lambda: torch.cuda.current_stream(device))

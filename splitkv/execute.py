@@ -6,6 +6,14 @@ Per call, without a plan, the host does: one signature lookup, one plan lookup, 
 share one) and the split launch (+ the combine launch where the merge is not fused), and allocates o (and lse
 when returned). It never reads cache_seqlens: no device->host sync, and the call can be captured in
 a CUDA graph (its plan is sized for the cache's capacity: Lmax, or max_pages * page_size).
+
+The second call of a signature takes the lean path: the first one, through the backend's run(),
+compiled and checked everything; the backend's bind() then returns a launch with every argument
+but the call's data pointers bound (Triton's C launcher, or the CuTe host function, directly), kept
+in the signature's Problem.memo under the plan (or, without one, the stream). A lean call reads the
+pointers, allocates o, checks 16-byte alignment (what the kernels were specialised for) and
+launches; anything else (out=, a debug capture, a misaligned pointer, another current device)
+takes the full path, which gives the same result.
 """
 
 from __future__ import annotations
@@ -26,14 +34,15 @@ _PLANS: dict = {}
 _LOCK = threading.Lock()
 
 
-def _debugging() -> bool:
-    return os.environ.get("SPLITKV_DEBUG", "0") not in ("", "0")
+# SPLITKV_DEBUG=1 (read at import): host-side checks of lengths and page ids on every call
+DEBUG = os.environ.get("SPLITKV_DEBUG", "0") not in ("", "0")
+_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds; CUDA inputs only
 
 
 def _owner(device: torch.device):
     """Who may use a cached plan's workspace: the current CUDA stream, or the thread on the CPU."""
     if device.type == "cuda":
-        return torch._C._cuda_getCurrentRawStream(device.index)
+        return _stream_of(device.index)
     return threading.get_ident()
 
 
@@ -66,14 +75,56 @@ def clear_plans() -> None:
         _PLANS.clear()
 
 
+def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, memo):
+    """The lean path (module docstring): o, or (o, lse); None when the full path must run."""
+    dev = q.get_device()
+    if dev < 0:
+        return None
+    stream = _stream_of(dev)
+    hit = memo.get((stream, batch_invariant) if plan is None else plan)
+    if hit is None or torch._C._cuda_getDevice() != dev:
+        return None
+    p, launch = hit
+    qp, kp, vp, lp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr()
+    bp = block_table.data_ptr() if block_table is not None else lp
+    if (qp | kp | vp | lp | bp) & 15:
+        return None
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = (torch.empty(p.batch, p.num_q_heads, p.q_len, dtype=torch.float32, device=q.device) if return_lse
+           else p.lse_scratch)
+    if plan is None:
+        p.schedule_if_new(cache_seqlens)
+    launch(stream, qp, kp, vp, lp, bp, o.data_ptr(), lse.data_ptr())  # torch allocations: 512-byte aligned
+    return (o, lse) if return_lse else o
+
+
+def _remember(memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_plan, out, lse, scale, causal,
+              batch_invariant) -> None:
+    """After a full call: bind its launch for the lean path, where the call qualifies."""
+    bind = getattr(plan.module, "bind", None)
+    if bind is None or q.device.type != "cuda" or not cache_seqlens.is_contiguous():
+        return
+    if block_table is not None and block_table.stride(-1) != 1:
+        return
+    ptrs = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | out.data_ptr()
+    if (ptrs | lse.data_ptr() | (block_table.data_ptr() if block_table is not None else 0)) & 15:
+        return
+    launch = bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
+    if launch is not None:
+        memo[(_stream_of(q.get_device()), batch_invariant) if own_plan else plan] = (plan, launch)
+
+
 def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
                  num_splits=None, return_lse=False, out=None, plan=None, backend="auto", batch_invariant=False):
     """splitkv.decode without the torch.compile dispatch (what the custom op runs)."""
-    extra = None
-    if plan is None and isinstance(q, torch.Tensor):
-        extra = (_owner(q.device), batch_invariant, _align_bits(q, k_cache, v_cache))
-    key, prob = validate.check_keyed(extra, q, k_cache, v_cache, cache_seqlens, block_table, num_splits,
-                                     softmax_scale, backend, causal)
+    key, prob = validate.check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
+                                     backend, causal)
+    lean = (prob is not None and out is None and not DEBUG and not debug.active()
+            and (plan is None or (type(plan) is DecodePlan and not batch_invariant)))
+    if lean:
+        res = _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, prob.memo)
+        if res is not None:
+            return res
     if out is not None:
         validate.check_out(out, None, prob, q)
     copied = not cache_seqlens.is_contiguous()
@@ -84,12 +135,13 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     own_plan = plan is None
     # lengths and page ids: read on the host only where that is free (a decode on the CPU that plans
     # for itself) or asked for (SPLITKV_DEBUG=1); with a plan on a GPU they are the caller's contract
-    if (own_plan and q.device.type == "cpu") or _debugging():
+    if (own_plan and q.device.type == "cpu") or DEBUG:
         validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
     if own_plan:
         if not isinstance(batch_invariant, bool):
             raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
-        plan = _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant)
+        extra = (_owner(q.device), batch_invariant, _align_bits(q, k_cache, v_cache))
+        plan = _cached_plan((key, extra), prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant)
         plan.schedule(cache_seqlens) if copied else plan.schedule_if_new(cache_seqlens)
     else:
         if not isinstance(plan, DecodePlan):
@@ -109,4 +161,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
                     scale, causal)
     if debug.active():
         debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
+    elif lean and key is not None:
+        _remember(prob.memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_plan, o, lse, scale, causal,
+                  batch_invariant)
     return (o, lse) if return_lse else o

@@ -8,7 +8,7 @@ plan the lengths may live on the GPU inside a CUDA graph, and reading them would
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +32,9 @@ class Problem:
     max_seqlen: int  # keys addressable per request: Lmax, or max_pages * page_size when paged
     page_size: int | None  # None for a contiguous cache
     dtype: torch.dtype
+    # what the eager path remembers for inputs of this signature (validated Problems are cached
+    # per signature, so one Problem object = one signature): plan -> bound launch (splitkv.execute)
+    memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def qhead_per_kvhead(self) -> int:
@@ -52,26 +55,30 @@ _SEEN: dict = {}  # signature of inputs that passed -> Problem (validation is ~4
 
 
 def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend):
-    """Everything the checks below look at except values: shapes, strides, dtypes, devices."""
-    sig = [num_splits, softmax_scale, backend, type(num_splits), type(softmax_scale)]
-    for t in (q, k_cache, v_cache, cache_seqlens, block_table):
-        sig.append(None if t is None else (type(t), t.shape, t.stride(), t.dtype, t.device))
-    return tuple(sig)
+    """Everything the checks below look at except values: shapes, strides, dtypes, devices (a
+    flat tuple: this is built on every call)."""
+    bt = (block_table.shape, block_table.stride(), block_table.dtype, block_table.device) if block_table is not None \
+        else None
+    return (num_splits, softmax_scale, backend, type(num_splits), type(softmax_scale),
+            q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
+            cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device, bt)
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
                         backend: str, causal: bool = True) -> Problem:
     """Validate decode's inputs; returns the Problem. Signatures that passed are remembered."""
-    return check_keyed(None, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend,
+    return check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend,
                        causal)[1]
 
 
-def check_keyed(extra, q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend,
+def check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend,
                 causal) -> tuple:
-    """(key, Problem): key = the inputs' signature plus `extra` (None when not hashable)."""
+    """(key, Problem): key = the inputs' signature (None when not hashable). One Problem object per
+    signature, so its memo belongs to that signature."""
     try:
         key = (_signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend),
-               causal, type(causal), extra)
+               causal, type(causal))
         prob = _SEEN.get(key)
     except (AttributeError, TypeError):  # not tensors / unhashable: the full checks say what is wrong
         key = prob = None

@@ -347,7 +347,7 @@ def test_host_overhead_script_runs_and_reports_errors(tmp_path, capsys):
     res = doc["results"]
     assert doc["schema"] == mod.SCHEMA and doc["meta"]["shape"]["L"] == 64
     for key in ("[torch] decode() no plan", "[torch] decode(plan=p)", "[torch] decode(out=) no plan",
-                "[torch] decode(plan=p, out=, return_lse=True)", "[stage] validate.check_decode_inputs",
+                "[torch] decode(plan=p, out=, return_lse=True)", "[stage] validate.check_keyed (signature lookup)",
                 "[stage] torch.empty_like(q)", "[peer] SDPA flash"):
         assert isinstance(res[key], float) and res[key] > 0, (key, res[key])
     assert res["[bogus] (all entries)"].startswith("skipped:")

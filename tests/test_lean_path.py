@@ -226,3 +226,41 @@ def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
         eager = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend)
         assert torch.equal(og, eager), new
         assert_close_to_reference(og, lg, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
+
+
+# --- the lean path: the second call of a signature launches through the bound launcher ---------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("with_plan", [False, True])
+def test_lean_path_is_taken_and_exact(backend, paged, with_plan, monkeypatch):
+    import importlib
+
+    lens = [3000, 700, 1]
+    q, k, v, sl = make_inputs(3, 1, 32, 8, 128, lens, BF16, "cuda", nan_tail=False, pad=200)
+    kd, vd, bt = k, v, None
+    if paged:
+        k, v, bt = to_paged(k, v, [3300] * 3, 16)
+    p = splitkv.plan(sl, 32, 8, 128, backend=backend, paged=paged, max_seqlen=3300) if with_plan else None
+    first = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend, plan=p)  # full path: compiles, binds
+    module = importlib.import_module(f"splitkv.backends.{backend}")
+    full_calls = []
+    run = module.run
+    monkeypatch.setattr(module, "run", lambda *a: full_calls.append(1) or run(*a))
+    o = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend, plan=p)
+    assert not full_calls, "the second call of a signature took the full path"
+    assert torch.equal(o, first)
+    for new in ([5, 3290, 1200], [0, 1, 2]):  # new lengths: the lean call schedules them on the device
+        sl.copy_(torch.tensor(new, dtype=torch.int32))
+        if p is not None:
+            p.refresh(sl)
+        o, lse = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend, plan=p, return_lse=True)
+        assert_close_to_reference(o, lse, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
+    assert not full_calls
+    if backend == "triton":  # a misaligned q (a view one element in) is the full path's
+        qq = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)
+        qq.copy_(q)
+        o, lse = splitkv.decode(qq, k, v, sl, block_table=bt, backend=backend, plan=p, return_lse=True)
+        assert full_calls
+        assert_close_to_reference(o, lse, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)

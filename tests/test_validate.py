@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import splitkv
+from splitkv import execute
 
 
 def _ok(B=2, Sq=1, Hq=8, Hkv=2, D=64, L=32, dtype=torch.float16):
@@ -100,13 +101,13 @@ def test_plan_mismatch():
 
 
 def test_debug_mode_checks_lengths_and_page_ids_with_a_plan(monkeypatch):
-    """With a plan, lengths and used page ids are the caller's contract; SPLITKV_DEBUG=1 checks them."""
+    """With a plan, lengths and used page ids are the caller's contract; SPLITKV_DEBUG=1 (read at import) checks them."""
     q, k, v, sl = _ok(L=16)
     kp = torch.randn(8, 16, 2, 64, dtype=torch.float16)
     bt = torch.tensor([[0, 1], [9, 1]], dtype=torch.int32)  # page 9 does not exist
     p = splitkv.plan(sl, 8, 2, 64, paged=True)
     splitkv.decode(q, kp, kp, sl, block_table=torch.tensor([[0, 1], [2, 1]], dtype=torch.int32), plan=p)
-    monkeypatch.setenv("SPLITKV_DEBUG", "1")
+    monkeypatch.setattr(execute, "DEBUG", True)
     with pytest.raises(ValueError, match="block_table"):
         splitkv.decode(q, kp, kp, sl, block_table=bt, plan=p)
 

@@ -57,8 +57,12 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                   causal)
 
 
+def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
+    return _launch().bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
+
+
 def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
     _launch().combine(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)
 
 
-__all__ = ["run", "combine", "available", "layout_ok", "rows_aligned", "INSTALL_HINT"]
+__all__ = ["run", "bind", "combine", "available", "layout_ok", "rows_aligned", "INSTALL_HINT"]

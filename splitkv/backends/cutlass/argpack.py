@@ -11,6 +11,10 @@ ctypes pointer array (our slots, the stream, the executor's result slot and kern
 order the DSL's `_get_invoke_packed_args` builds per call). A launch then writes the slot values and
 the stream pointer and calls the compiled host function with that array: no per-call list, array or
 executor lookup (H200 profile, 2026-12-01: the DSL's packing was ~50 us of a 157 us eager call).
+
+`bind(fixed, n_pointers)` is the floor, for a caller whose scalars are fixed (a plan and a call
+layout): its own slots, with the scalars written once, the leading pointers and the stream in one
+int64 array, so a launch is one slice assignment and the host function call.
 """
 
 import ctypes
@@ -94,6 +98,44 @@ class Packer:
                 return False
         return True
 
+    def _tail(self, ex) -> list[int]:
+        """What the DSL's packing puts after the arguments: its result slot, the kernel handles."""
+        tail = [ctypes.addressof(ex.cuda_result)] if ex.cuda_result is not None else []
+        if ex.exec_context is not None:
+            tail += [p.value if isinstance(p, ctypes.c_void_p) else p for p in ex.exec_context.kernel_functions_ptrs]
+        return tail
+
+    def bind(self, fixed: tuple, n_pointers: int):
+        """launch(stream_handle, *pointers) for the current device: the first n_pointers (i64)
+        arguments and the stream per call, `fixed` (the rest, in order) written once. None when the
+        fast path is off or the stream is not one pointer-sized slot."""
+        import cuda.bindings.driver as cuda
+
+        kinds = self.kinds[:-1]
+        if not self.fast or kinds[:n_pointers] != ["i64"] * n_pointers or len(fixed) != len(kinds) - n_pointers:
+            return None
+        if len(self._stream_ptrs(cuda.CUstream(0))[0]) != 1:
+            return None
+        ex = self.compiled.to(None)
+        per_call = (ctypes.c_int64 * (n_pointers + 1))()  # the pointers, then the stream handle
+        vals = [_CTYPES[k]() for k in kinds[n_pointers:]]
+        for slot, v in zip(vals, fixed):
+            slot.value = v
+        addrs = [ctypes.addressof(per_call) + 8 * i for i in range(n_pointers)]
+        addrs += [ctypes.addressof(v) for v in vals] + [ctypes.addressof(per_call) + 8 * n_pointers]
+        addrs += self._tail(ex)
+        arr = (ctypes.c_void_p * len(addrs))(*addrs)
+        capi, result = ex.jit_module.capi_func, ex.cuda_result
+
+        def launch(stream, *pointers):
+            per_call[:] = (*pointers, stream)
+            capi(arr)
+            if result is not None and result.value != 0:
+                raise RuntimeError(f"splitkv: CuTe DSL launch failed with CUDA error {result.value}")
+
+        launch.keep = (ex, vals)  # arr points into vals; ex owns the module and the result slot
+        return launch
+
     def _bound(self, stream):
         """(executor, pointer array, stream slot index) of this thread on the current device."""
         per_dev = getattr(self._local, "bound", None)
@@ -105,11 +147,7 @@ class Packer:
             ex = self.compiled.to(None)  # None: the current device, as the DSL's own default executor
             vals, ptrs = self._slots()
             sp, _ = self._stream_ptrs(stream)
-            tail = []
-            if ex.cuda_result is not None:
-                tail.append(ctypes.addressof(ex.cuda_result))
-            if ex.exec_context is not None:
-                tail += [p.value if isinstance(p, ctypes.c_void_p) else p for p in ex.exec_context.kernel_functions_ptrs]
+            tail = self._tail(ex)
             arr = (ctypes.c_void_p * (len(ptrs) + len(sp) + len(tail)))()
             for i, p in enumerate(ptrs):
                 arr[i] = p.value

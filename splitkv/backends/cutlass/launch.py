@@ -198,14 +198,18 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
 
 
+def _call_key(q, k_cache, v_cache, block_table, out, scale, causal, qkv_bits: int, out_bits: int) -> tuple:
+    return ("cutlass", q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
+            block_table.stride(0) if block_table is not None else -1, causal, scale, q.dtype, qkv_bits, out_bits)
+
+
 def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
     # per plan and call layout (strides, alignment, scalars): checked and packed once, then a hit passes
     # the call's pointers and the remembered scalars (lse is always a contiguous [B, Hq, Sq])
     paged = block_table is not None
     bt = block_table if paged else cache_seqlens
     ptr_q, ptr_k, ptr_v, ptr_o = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
-    key = ("cutlass", q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
-           bt.stride(0) if paged else -1, causal, scale, q.dtype, (ptr_q | ptr_k | ptr_v) & 15, ptr_o & 7)
+    key = _call_key(q, k_cache, v_cache, block_table, out, scale, causal, (ptr_q | ptr_k | ptr_v) & 15, ptr_o & 7)
     hit = plan.launches.entries.get(key)
     if hit is None:
         launch, args = _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out,
@@ -228,3 +232,30 @@ def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
         raise ValueError(f"out: backend 'cutlass' needs CUDA tensors, got {out.device}")
     with torch.cuda.device(out.device):
         combine_(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)
+
+
+def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
+    """launch(stream, q, k, v, lens, table, out, lse data pointers; table = lens when not paged)
+    for calls laid out as this one, which run() has launched (checked, compiled) already, with
+    16-byte aligned pointers (the caller checks each call's); None where only run() can launch
+    (another current device, a combine launch to follow, the DSL's own packing)."""
+    if q.shape[0] == 0 or q.device.index != torch.cuda.current_device():
+        return None
+    hit = plan.launches.entries.get(_call_key(q, k_cache, v_cache, block_table, out, scale, causal, 0, 0))
+    if hit is None or (plan.o_part is not None and not plan.fuse):
+        return None
+    split = hit[0].bind(hit[1], 12)
+    if split is None:
+        return None
+    ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
+    if plan.o_part is None:
+        def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
+            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, 0)
+
+        return launch
+    op, lp, cnt = plan.o_part.data_ptr(), plan.lse_part.data_ptr(), plan.counters.data_ptr()
+
+    def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
+        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt)
+
+    return launch

@@ -9,6 +9,11 @@ The key holds what Triton specialises on: constexprs, launch options, every int 
 (strides: stable for a given shape) and whether all pointers are 16-byte aligned (otherwise we
 take the JIT path every time, which is always correct).
 
+`Direct` is the floor: Triton's C launch function itself, called with every pointer as an int
+(an int skips the launcher's per-pointer `data_ptr()` call and its `cuPointerGetAttribute` driver
+query, ~12 per split launch) and everything else bound once. It exists only for kernels that need
+no global or profile scratch (ours), where the Python `CudaLauncher.__call__` adds nothing.
+
 `Bound` goes one step further for a caller that can name its own key cheaply (a plan: its shapes
 and workspace are fixed, so the strides of the call's tensors and their alignment are the key):
 it keeps (kernel, scalars, constexpr values) per key and a hit only launches.
@@ -63,3 +68,24 @@ class Bound:
         kernel = fl(grid, tensors, scalars, cx, warps, stages)
         if aligned and kernel is not None:
             self.entries[key] = (kernel, (*scalars, *cx.values()))
+
+
+
+def direct(kernel, grid, tail: tuple):
+    """launch(stream, *pointers): kernel's C launch function with the grid, the handle, the
+    metadata and the trailing (non-pointer) arguments bound. None when the kernel needs what only
+    Triton's Python launcher provides (global / profile scratch, tensor descriptors) or this
+    Triton's launcher is not the C function this binds to."""
+    runner = kernel.run
+    c = getattr(runner, "launch", None)
+    if (c is None or getattr(c, "__name__", "") != "launch" or getattr(runner, "global_scratch_size", 1)
+            or getattr(runner, "profile_scratch_size", 1)):
+        return None
+    gx, gy = grid[0], grid[1] if len(grid) > 1 else 1
+    fn, meta = kernel.function, kernel.packed_metadata
+    coop, pdl = runner.launch_cooperative_grid, runner.launch_pdl
+
+    def launch(stream, *pointers):
+        c(gx, gy, 1, stream, fn, coop, pdl, None, None, meta, None, None, None, *pointers, *tail)
+
+    return launch

@@ -8,7 +8,7 @@ import os
 
 from ...constants import LOG2E
 from .combine_kernel import combine_kernel
-from .fastlaunch import Bound, FastLauncher
+from .fastlaunch import Bound, FastLauncher, direct
 from .schedule_kernel import schedule_kernel
 from .split_kernel import split_kernel
 
@@ -56,6 +56,14 @@ def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
              4 if D >= 128 else 2, 1)
 
 
+def _split_key(q, k_cache, v_cache, block_table, out, scale, causal) -> tuple:
+    # the plan fixes everything else (its workspace and tables are 128 / 16-byte aligned); lse is
+    # always a contiguous [B, Hq, Sq]
+    paged = block_table is not None
+    return (q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
+            block_table.stride(0) if paged else -1, causal, scale, q.dtype)
+
+
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
     B, Sq, Hq, D = q.shape
     if B == 0:
@@ -68,9 +76,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     counters = plan.counters if plan.fuse else cache_seqlens  # never touched unless fused
     nsplits, chunks = plan.num_splits, plan.chunk_lens
     tensors = (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, bt, op, lp, out, lse, counters)
-    # the plan fixes everything else (its workspace and tables are 128 / 16-byte aligned)
-    key = (q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
-           bt.stride(0) if paged else -1, causal, scale, q.dtype)  # lse: always a contiguous [B, Hq, Sq]
+    key = _split_key(q, k_cache, v_cache, block_table, out, scale, causal)
     aligned = ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | bt.data_ptr()
                 | out.data_ptr() | lse.data_ptr()) & 15) == 0
     grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
@@ -101,3 +107,44 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
 
         plan.launches.launch(("combine", out.stride(), lse.stride()), (B * H * T,),
                              (o_part, lse_part, nsplits, out, lse), aligned, build_combine)
+
+
+def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
+    """launch(stream, q, k, v, lens, table, out, lse data pointers; table = lens when not paged)
+    for calls laid out as this one, which run() has launched (and so compiled) already: the split
+    launch, and the combine where the merge is not fused, with every other argument bound. The
+    caller checks that the pointers are 16-byte aligned (the kernels were specialised so). None
+    where only run() can launch (the interpreter, a layout run() did not cache)."""
+    if _INTERPRET or q.shape[0] == 0:
+        return None
+    split_hit = plan.launches.entries.get(("split", _split_key(q, k_cache, v_cache, block_table, out, scale,
+                                                               causal)))
+    if split_hit is None:
+        return None
+    split = direct(split_hit[0], (plan.max_splits, q.shape[0] * plan.num_kv_heads * plan.m_tiles), split_hit[1])
+    if split is None:
+        return None
+    ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
+    if plan.o_part is None:
+        def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
+            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, lens)
+
+        return launch
+    op, lp = plan.o_part.data_ptr(), plan.lse_part.data_ptr()
+    if plan.fuse:
+        cnt = plan.counters.data_ptr()
+
+        def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
+            split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt)
+
+        return launch
+    comb_hit = plan.launches.entries.get(("combine", out.stride(), lse.stride()))
+    comb = direct(comb_hit[0], (q.shape[0] * plan.num_q_heads * plan.q_len,), comb_hit[1]) if comb_hit else None
+    if comb is None:
+        return None
+
+    def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
+        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, lens)
+        comb(stream, op, lp, ns, o, lse_p)
+
+    return launch
