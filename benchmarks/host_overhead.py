@@ -139,7 +139,7 @@ def entries_for(q, k, v, sl, device, backends_to_run):
             launch, stream, o = hit[1], torch.cuda.current_stream(device).cuda_stream, torch.empty_like(q)
             ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), sl.data_ptr(), sl.data_ptr(), o.data_ptr(),
                     p.lse_scratch.data_ptr())
-            return lambda: launch(stream, *ptrs)
+            return lambda: launch(stream, *ptrs) or o  # o: alive while the launches write it
 
         guarded(f"[{be}] decode(plan=graph-safe p)", with_graph_plan)
         if device.type == "cuda":

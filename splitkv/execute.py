@@ -12,8 +12,8 @@ compiled and checked everything; the backend's bind() then returns a launch with
 but the call's data pointers bound (Triton's C launcher, or the CuTe host function, directly), kept
 in the signature's Problem.memo under the plan (or, without one, the stream). A lean call reads the
 pointers, allocates o, checks 16-byte alignment (what the kernels were specialised for) and
-launches; anything else (out=, a debug capture, a misaligned pointer, another current device)
-takes the full path, which gives the same result.
+launches; anything else (an out= that is not a contiguous tensor like q, a debug capture, a
+misaligned pointer, another current device) takes the full path, which gives the same result.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def clear_plans() -> None:
         _PLANS.clear()
 
 
-def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, memo):
+def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, memo, out):
     """The lean path (module docstring): o, or (o, lse); None when the full path must run."""
     dev = q.get_device()
     if dev < 0:
@@ -89,12 +89,21 @@ def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, bat
     bp = block_table.data_ptr() if block_table is not None else lp
     if (qp | kp | vp | lp | bp) & 15:
         return None
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out is None:
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    elif (type(out) is torch.Tensor and out.get_device() == dev and out.dtype == q.dtype and out.shape == q.shape
+          and out.is_contiguous()):  # the layout the launch was bound for (a contiguous o)
+        o = out
+    else:
+        return None
+    op = o.data_ptr()
+    if op & 15:
+        return None
     lse = (torch.empty(p.batch, p.num_q_heads, p.q_len, dtype=torch.float32, device=q.device) if return_lse
            else p.lse_scratch)
     if plan is None:
         p.schedule_if_new(cache_seqlens)
-    launch(stream, qp, kp, vp, lp, bp, o.data_ptr(), lse.data_ptr())  # torch allocations: 512-byte aligned
+    launch(stream, qp, kp, vp, lp, bp, op, lse.data_ptr())  # lse: a torch allocation, 512-byte aligned
     return (o, lse) if return_lse else o
 
 
@@ -119,10 +128,11 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     """splitkv.decode without the torch.compile dispatch (what the custom op runs)."""
     key, prob = validate.check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
                                      backend, causal)
-    lean = (prob is not None and out is None and not DEBUG and not debug.active()
+    lean = (prob is not None and not DEBUG and not debug.active()
             and (plan is None or (type(plan) is DecodePlan and not batch_invariant)))
     if lean:
-        res = _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, prob.memo)
+        res = _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, prob.memo,
+                    out)
         if res is not None:
             return res
     if out is not None:
@@ -161,7 +171,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
                     scale, causal)
     if debug.active():
         debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
-    elif lean and key is not None:
+    elif lean and key is not None and out is None:  # bound for the contiguous o it allocated
         _remember(prob.memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_plan, o, lse, scale, causal,
                   batch_invariant)
     return (o, lse) if return_lse else o

@@ -238,7 +238,7 @@ def test_lean_path_is_taken_and_exact(backend, paged, with_plan, monkeypatch):
     import importlib
 
     lens = [3000, 700, 1]
-    q, k, v, sl = make_inputs(3, 1, 32, 8, 128, lens, BF16, "cuda", nan_tail=False, pad=200)
+    q, k, v, sl = make_inputs(3, 1, 32, 8, 128, lens, BF16, "cuda", nan_tail=False, pad=400)  # Lmax 3400
     kd, vd, bt = k, v, None
     if paged:
         k, v, bt = to_paged(k, v, [3300] * 3, 16)
@@ -264,3 +264,19 @@ def test_lean_path_is_taken_and_exact(backend, paged, with_plan, monkeypatch):
         o, lse = splitkv.decode(qq, k, v, sl, block_table=bt, backend=backend, plan=p, return_lse=True)
         assert full_calls
         assert_close_to_reference(o, lse, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_lean_path_with_out(backend):
+    """out= takes the lean path when it is a contiguous tensor like q; a strided out the full one."""
+    q, k, v, sl = make_inputs(2, 1, 32, 8, 128, [2500, 90], BF16, "cuda", nan_tail=False)
+    ref = splitkv.decode(q, k, v, sl, backend=backend)
+    ref = splitkv.decode(q, k, v, sl, backend=backend)
+    out = torch.full_like(q, float("nan"))
+    assert splitkv.decode(q, k, v, sl, backend=backend, out=out) is out
+    assert torch.equal(out, ref)
+    wide = torch.full((*q.shape[:3], 2 * q.shape[3]), float("nan"), dtype=q.dtype, device="cuda")
+    strided = wide[..., : q.shape[3]]
+    splitkv.decode(q, k, v, sl, backend=backend, out=strided)
+    assert torch.equal(strided, ref)
