@@ -71,8 +71,11 @@ def _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch
 def clear_plans() -> None:
     """Drop the plans decode() made for itself (they hold workspace memory). Do not call it while a
     CUDA graph that captured a plain decode may still be replayed."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # no launch of theirs may still be reading the memory given back
     with _LOCK:
         _PLANS.clear()
+        validate.forget()  # the signatures' memos hold plans and their bound launches too
 
 
 def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, memo, out):

@@ -222,15 +222,20 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     fuse = fuse and not batch_invariant  # one merge path (the combine kernel) for every batch
     B, S = prob.batch, rule.max_splits
     pad = -(-max(B, 1) // 4) * 4  # 16-byte aligned rows: Triton specialises pointers on alignment
-    sched = torch.ones(2, pad, dtype=torch.int32, device=device)
-    sched[1].fill_(rule.block_n)
-    o_part = lse_part = counters = None
-    if S > 1:
-        o_shape, lse_shape, nbytes = W.partial_sizes(S, B, prob.num_q_heads, prob.q_len, prob.head_dim)
-        o_part, lse_part = W.carve(W.allocate(nbytes, device), o_shape, lse_shape)
-        if fuse:
-            counters = torch.zeros(B * prob.num_kv_heads * m_tiles, dtype=torch.int32, device=device)
-    lse_scratch = torch.empty(B, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=device)
+
+    def tensors():
+        sched = torch.ones(2, pad, dtype=torch.int32, device=device)
+        sched[1].fill_(rule.block_n)
+        o_part = lse_part = counters = None
+        if S > 1:
+            o_shape, lse_shape, nbytes = W.partial_sizes(S, B, prob.num_q_heads, prob.q_len, prob.head_dim)
+            o_part, lse_part = W.carve(W.allocate(nbytes, device), o_shape, lse_shape)
+            if fuse:
+                counters = torch.zeros(B * prob.num_kv_heads * m_tiles, dtype=torch.int32, device=device)
+        lse_scratch = torch.empty(B, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=device)
+        return sched, counters, o_part, lse_part, lse_scratch
+
+    sched, counters, o_part, lse_part, lse_scratch = W.outside_graph_pools(tensors, device)
     return DecodePlan(B, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len,
                       prob.dtype if dtype_bound else None, paged, prob.max_seqlen, device, name, auto, tile,
                       m_tiles, rule, fuse, batch_invariant, sched, counters, o_part, lse_part, lse_scratch)

@@ -65,6 +65,11 @@ def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, soft
             cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device, bt)
 
 
+def forget() -> None:
+    """Drop every remembered signature (and with it, each Problem's memo)."""
+    _SEEN.clear()
+
+
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
                         backend: str, causal: bool = True) -> Problem:
     """Validate decode's inputs; returns the Problem. Signatures that passed are remembered."""

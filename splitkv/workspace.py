@@ -11,9 +11,42 @@ without a plan keeps one plan per input signature and stream, or thread on the C
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 ALIGN = 128
+
+
+def outside_graph_pools(make, device: torch.device):
+    """make() (which allocates and initialises a plan's tensors), run so that its memory comes from
+    the ordinary caching allocator, not from a CUDA-graph pool the calling thread may be allocating
+    to: torch.compile's cudagraph trees warm a step up eagerly with every allocation of the thread
+    routed to the graph's pool, and refuse to record while a tensor they do not track lives there
+    (a plan outlives the step). So on CUDA, outside a capture, make() runs on a helper thread (the
+    pool routing is per thread) and the current stream waits for its work (no host sync). Inside a
+    capture it runs here: the capture's pool holds the plan, whose initialising kernels the graph
+    records."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return make()
+    box: dict = {}
+
+    def work():
+        try:
+            with torch.cuda.device(device):
+                box["value"] = make()
+                box["done"] = torch.cuda.Event()
+                box["done"].record()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=work, name="splitkv-plan-alloc")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    torch.cuda.current_stream(device).wait_event(box["done"])
+    return box["value"]
 
 def _round_up(x: int, a: int = ALIGN) -> int:
     return (x + a - 1) // a * a

@@ -280,3 +280,19 @@ def test_lean_path_with_out(backend):
     strided = wide[..., : q.shape[3]]
     splitkv.decode(q, k, v, sl, backend=backend, out=strided)
     assert torch.equal(strided, ref)
+
+
+def test_clear_plans_releases_what_the_lean_path_holds():
+    import gc
+    import weakref
+
+    from splitkv import execute
+
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [300, 40], BF16, DEV)
+    splitkv.decode(q, k, v, sl)
+    splitkv.decode(q, k, v, sl)
+    plans = [weakref.ref(p) for p in execute._PLANS.values()]
+    assert plans
+    splitkv.clear_plans()
+    gc.collect()
+    assert all(r() is None for r in plans)
