@@ -281,6 +281,24 @@ CUTLASS_PDL = True
 CUTLASS_FUSED_COMBINE_MAX_SPLITS = MAX_SPLITS
 
 
+# The unsplit tile (block_n 128, 2 stages) also serves split plans whose CTAs stream long chunks: a
+# plan's tile is fixed when it is made, its split counts only on the device, so the plan asks how many
+# keys one CTA streams when every request is at the length bound (uniform_chunk_keys). H200 sweep
+# (2026-12-01, graph replay, results/2026-12-01-h200-lean/sweep_*.json): B=4 MHA 32K, whose auto
+# plan has a 16-split grid of which the device uses 1, took 556.3 us with n64 s3 against 478.1 with
+# the n128 s2 plan of num_splits=1; B=16 GQA 32/8 128K 2191.7 vs 1907.4. At 2K-8K-key chunks n64 s3
+# stays (B=1 GQA 32K above; B=1 GQA 128K, 8K chunks, 122.3 us).
+CUTLASS_LONG_CHUNK_KEYS = 16384
+
+
+def uniform_chunk_keys(rule: "SplitRule", batch: int, bound: int) -> int:
+    """Keys per CTA that `schedule` gives a batch of `batch` requests all `bound` long."""
+    if batch == 0:
+        return 0
+    _, chunk = schedule(torch.full((batch,), bound, dtype=torch.int32), rule)
+    return int(chunk[0])
+
+
 def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
 
@@ -290,7 +308,8 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
     per SM, far more than the ~30 KB that covers HBM latency at 4.8 TB/s over 132 SMs. D = 256
     needs block_n >= 64 (16 keys per warp for the 4 key-split warps), so 64 KB stages, 2 of them.
 
-    Unsplit plans at D = 128 (one CTA streams a whole sequence; B >= 16 grids of 256-512 CTAs):
+    Unsplit plans at D = 128 (one CTA streams a whole sequence; B >= 16 grids of 256-512 CTAs), and
+    split plans whose CTAs stream >= CUTLASS_LONG_CHUNK_KEYS keys (plan.build passes splitting=False):
     block_n 128, 2 stages (128 KB, one CTA per SM). H200 sweep (2026-11-29, graph replay, bf16,
     benchmarks/gpu_cutlass.py --phases sweep, results/2026-11-29-h200-s3/gpu_cutlass_sweep.json):
     B=16 MHA 32K n64 s3 1937 us, n128 s3 1916, n128 s2 1907; B=64 GQA 32/8 32K 1914 / 1904 / 1890

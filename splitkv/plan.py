@@ -212,7 +212,8 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     paged = prob.page_size is not None
     splitting = rule.max_splits > 1 or batch_invariant  # batch-invariant: one tile whatever the grid
     if name == "cutlass":
-        block_n, stages = H.cutlass_tile(prob.head_dim, splitting, paged)
+        long_chunks = H.uniform_chunk_keys(rule, prob.batch, prob.max_seqlen) >= H.CUTLASS_LONG_CHUNK_KEYS
+        block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not long_chunks, paged)
         tile = H.TileConfig(tile.block_m, block_n, tile.num_warps, stages)
         fuse = 1 < rule.max_splits <= H.CUTLASS_FUSED_COMBINE_MAX_SPLITS
     else:
