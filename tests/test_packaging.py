@@ -6,10 +6,13 @@ is imported from a path without being installed (no metadata to check)."""
 import importlib.metadata as md
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import splitkv
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +43,14 @@ def test_cli_version_prints_the_package_version(dist):
     res = subprocess.run([sys.executable, "-m", "splitkv", "--version"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == f"splitkv {splitkv.__version__}"
+
+
+def test_every_public_name_has_an_api_reference_entry():
+    """docs/api.md (built by mkdocs --strict in CI) documents every name of splitkv.__all__."""
+    api = (ROOT / "docs" / "api.md").read_text()
+    missing = []
+    for name, (mod, attr) in splitkv._EXPORTS.items():
+        target = f"splitkv.{mod}" + (f".{attr}" if attr else "")
+        if f"::: {target}\n" not in api:
+            missing.append(f"{name} ({target})")
+    assert not missing, f"public names without an API reference entry: {missing}"
