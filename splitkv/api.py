@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from . import execute, ops
 from .plan import DecodePlan
 
 
-def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
-           num_splits=None, return_lse=False, out=None, plan: DecodePlan | None = None, backend="auto",
-           batch_invariant=False):
+def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *, block_table: Tensor | None = None,
+           causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = None,
+           return_lse: bool = False, out: Tensor | None = None, plan: DecodePlan | None = None, backend: str = "auto",
+           batch_invariant: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Split-KV decode attention.
 
     q [B, Sq, Hq, D] fp16/bf16 (fp32 on the torch backend); k_cache/v_cache [B, Lmax, Hkv, D]

@@ -8,6 +8,7 @@ Device side: one K and one V pool per layer, [num_pages, page_size, Hkv, D], wri
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +23,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 class CacheFullError(RuntimeError):
     """The page pool cannot hold an append; the cache was left exactly as it was."""
 
-    def __init__(self, needed: int, free: int):
+    def __init__(self, needed: int, free: int) -> None:
         super().__init__(f"KV cache full: this append needs {needed} free pages, the pool has {free} "
                          "(free sequences or make a larger PagedKVCache)")
         self.needed, self.free = needed, free
@@ -104,8 +105,8 @@ class PagedKVCache:
     """
 
     def __init__(self, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, *,
-                 num_layers: int = 1, dtype: torch.dtype = torch.bfloat16, device=None,
-                 backend: str = "auto"):
+                 num_layers: int = 1, dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
+                 backend: str = "auto") -> None:
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("num_kv_heads", num_kv_heads),
                           ("head_dim", head_dim), ("num_layers", num_layers)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
@@ -170,7 +171,7 @@ class PagedKVCache:
         """How many sequences hold `page` (0 = free)."""
         return self._ref[page]
 
-    def positions(self, seq_ids, num_tokens: int, layer: int = 0) -> torch.Tensor:
+    def positions(self, seq_ids: Sequence[int], num_tokens: int, layer: int = 0) -> torch.Tensor:
         """int64 [N, num_tokens] positions the next num_tokens of each sequence will take in layer
         `layer` (rotate q with splitkv.apply_rope at these before appending its K)."""
         if not isinstance(num_tokens, int) or num_tokens < 0:
@@ -209,8 +210,8 @@ class PagedKVCache:
         self._version += 1
 
     # ---- append ------------------------------------------------------------------------------
-    def append(self, seq_ids, k: torch.Tensor, v: torch.Tensor, layer: int = 0, *,
-               rope: RopeConfig | None = None, lengths=None) -> None:
+    def append(self, seq_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor, layer: int = 0, *,
+               rope: RopeConfig | None = None, lengths: Sequence[int] | None = None) -> None:
         """Append k, v [len(seq_ids), T, Hkv, D] after each sequence's end in layer `layer`.
 
         lengths: optional per-sequence count (<= T) of rows to take (ragged prefill); default T.
@@ -320,7 +321,8 @@ class PagedKVCache:
         return have
 
     # ---- batch -------------------------------------------------------------------------------
-    def batch(self, seq_ids, layer: int = 0, *, max_pages: int | None = None):
+    def batch(self, seq_ids: Sequence[int], layer: int = 0, *,
+              max_pages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(block_table int32 [B, W], cache_seqlens int32 [B]) on the cache's device, for
         splitkv.decode over k_pages(layer), v_pages(layer). W = the most pages any of the sequences
         holds (at least 1), or max_pages when given (a fixed shape for CUDA graphs). Read-only:

@@ -13,6 +13,7 @@ must therefore hold the Sq new tokens (suffix_seqlens >= Sq).
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from .api import decode
 from .merge import merge_states
@@ -44,9 +45,11 @@ def _prefix_as_request(prefix_k, prefix_v, prefix_len, prefix_block_table, devic
     return k, v, seqlens, table
 
 
-def cascade_decode(q, prefix_k, prefix_v, prefix_len, suffix_k, suffix_v, suffix_seqlens, *,
-                   prefix_block_table=None, suffix_block_table=None, causal=True, softmax_scale=None,
-                   num_splits=None, return_lse=False, backend="auto"):
+def cascade_decode(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_len: int, suffix_k: Tensor, suffix_v: Tensor,
+                   suffix_seqlens: Tensor, *, prefix_block_table: Tensor | None = None,
+                   suffix_block_table: Tensor | None = None, causal: bool = True, softmax_scale: float | None = None,
+                   num_splits: int | None = None, return_lse: bool = False,
+                   backend: str = "auto") -> Tensor | tuple[Tensor, Tensor]:
     """Decode attention over [shared prefix | per-request suffix], the prefix read once.
 
     q [B, Sq, Hq, D]. prefix_k/prefix_v [Lp, Hkv, D] with prefix_len (int or int32 one-element

@@ -11,16 +11,21 @@ partials to the host after each call, so it synchronises: use it for diagnostics
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .plan import DecodePlan
 
 _ACTIVE: list[list] = []
 
 
 @dataclass
 class DecodeRecord:
-    plan: object
+    plan: DecodePlan
     cache_seqlens: torch.Tensor
     num_splits: torch.Tensor  # [B]
     lse_part: torch.Tensor  # [S, B, Hq, Sq] fp32; S = 1 and equal to the final lse when nothing split
@@ -28,7 +33,7 @@ class DecodeRecord:
 
 
 @contextlib.contextmanager
-def capture_partials():
+def capture_partials() -> Iterator[list[DecodeRecord]]:
     records: list[DecodeRecord] = []
     _ACTIVE.append(records)
     try:
@@ -41,7 +46,8 @@ def active() -> bool:
     return bool(_ACTIVE)
 
 
-def record(plan, cache_seqlens, o_part, lse_part, lse) -> None:
+def record(plan: DecodePlan, cache_seqlens: torch.Tensor, o_part: torch.Tensor | None, lse_part: torch.Tensor | None,
+           lse: torch.Tensor) -> None:
     if o_part is None:
         lse_p, o_p = lse.detach().float().cpu()[None].clone(), None
     else:

@@ -45,7 +45,7 @@ def _check_lse(name: str, lse: torch.Tensor, want: tuple, device) -> None:
         raise ValueError(f"{name}: on {lse.device} but the o states are on {device}")
 
 
-def merge_states_n(o: torch.Tensor, lse: torch.Tensor):
+def merge_states_n(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge N states stacked on a leading axis: o [N, B, Sq, Hq, D], lse [N, B, Hq, Sq] ->
     (o [B, Sq, Hq, D] in o's dtype, lse [B, Hq, Sq] fp32).
 
@@ -67,7 +67,8 @@ def merge_states_n(o: torch.Tensor, lse: torch.Tensor):
     return ops.combine_op(o.permute(0, 1, 3, 2, 4), lse, num_splits)
 
 
-def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor):
+def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
+                 lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """State over keys A ∪ B from the states over disjoint A and B.
 
     o_a, o_b [B, Sq, Hq, D] (same dtype); lse_a, lse_b [B, Hq, Sq] (fp32, natural log).

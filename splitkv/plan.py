@@ -101,7 +101,7 @@ class DecodePlan:
     def qhead_per_kvhead(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
-    def partials(self):
+    def partials(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(o_part, lse_part) workspace views, or (None, None) when no request can split."""
         return self.o_part, self.lse_part
 

@@ -20,7 +20,7 @@ import math
 import torch
 
 
-def gather_keys(cache: torch.Tensor, b: int, length: int, block_table: torch.Tensor | None):
+def gather_keys(cache: torch.Tensor, b: int, length: int, block_table: torch.Tensor | None) -> torch.Tensor:
     """Return [length, Hkv, D] keys (or values) of request b, dense or paged."""
     if block_table is None:
         return cache[b, :length]
@@ -46,7 +46,7 @@ def decode_reference(
     causal: bool = True,
     softmax_scale: float | None = None,
     dtype: torch.dtype = torch.float64,
-):
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact decode attention. Returns (o [B, Sq, Hq, D] in `dtype`, lse [B, Hq, Sq] in `dtype`)."""
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -71,7 +71,8 @@ def decode_reference(
     return o, lse
 
 
-def decode_lowp(q, k_cache, v_cache, cache_seqlens, *, causal=True, softmax_scale=None):
+def decode_lowp(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
+                causal: bool = True, softmax_scale: float | None = None) -> torch.Tensor:
     """The same math done by PyTorch in q's low dtype (scores, softmax and P@V all in fp16/bf16).
 
     Tests use its error against decode_reference as the yardstick for ours ("our error <= 2x

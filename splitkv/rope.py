@@ -75,7 +75,7 @@ class RopeConfig:
             raise ValueError(f"rope.rotary_dim: {r} must be even and <= head_dim {head_dim}")
         return r
 
-    def inv_freq(self, rotary_dim: int, device) -> torch.Tensor:
+    def inv_freq(self, rotary_dim: int, device: torch.device | str | None) -> torch.Tensor:
         """theta_j = base ** (-2j / rotary_dim), float64 [rotary_dim // 2]."""
         j = torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device)
         return self.base ** (-j / rotary_dim)
@@ -128,7 +128,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) ->
     return torch.cat((out, rest), dim=-1).to(x.dtype)
 
 
-def apply_rope(x: torch.Tensor, positions, rope: RopeConfig) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     """Rotate x [..., H, D] (e.g. q [B, Sq, Hq, D]) at integer positions broadcastable to
     x.shape[:-2] (e.g. [B, Sq]); returns a new tensor in x's dtype.
 

@@ -24,6 +24,8 @@ planner's count, `--num-splits N` forces N.
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,7 @@ import torch
 
 from . import debug
 from .api import decode
+from .plan import DecodePlan
 from .plan import plan as make_plan
 
 OUTLIER_NATS = 8.0  # e^8 ~ 3000x more softmax mass per key than the neighbouring splits
@@ -178,8 +181,10 @@ def _cmap():
     return matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
 
 
-def lse_heatmap(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
-                num_splits=None, plan=None, backend="auto", out=None, requests=None,
+def lse_heatmap(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor, *,
+                block_table: torch.Tensor | None = None, causal: bool = True, softmax_scale: float | None = None,
+                num_splits: int | None = None, plan: DecodePlan | None = None, backend: str = "auto",
+                out: str | os.PathLike | None = None, requests: Sequence[int] | None = None,
                 outlier_nats: float = OUTLIER_NATS, echo: bool = True, title: str = "") -> LseReport:
     """Decode once, collect the per-split partial LSE (split x head) through the debug hook, flag
     anomalies (module doc), print them when echo, and draw the heat map to `out` (a PNG path) when

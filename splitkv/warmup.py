@@ -134,8 +134,11 @@ def _decodes(head_dim, dtype, heads, q_len, is_paged, page_size, backend, device
         decode(q, k, k, lens, block_table=block_table, num_splits=splits, backend=backend)
 
 
-def warmup(*, head_dims=(128,), dtypes=(torch.bfloat16,), num_q_heads=32, num_kv_heads=8, q_lens=(1,),
-           paged=(False,), page_size=16, backends=("auto",), device="cuda", verbose=False) -> dict:
+def warmup(*, head_dims: int | Sequence[int] = (128,), dtypes: torch.dtype | Sequence[torch.dtype] = (torch.bfloat16,),
+           num_q_heads: int | Sequence[int] = 32, num_kv_heads: int | Sequence[int] = 8,
+           q_lens: int | Sequence[int] = (1,), paged: bool | Sequence[bool] = (False,),
+           page_size: int | Sequence[int] = 16, backends: str | Sequence[str] = ("auto",),
+           device: torch.device | str = "cuda", verbose: bool = False) -> dict:
     """Compile ahead every kernel a model with these shapes will launch; returns a summary.
 
     Each argument takes one value or a sequence; every combination of head_dims x dtypes x

@@ -54,3 +54,36 @@ def test_every_public_name_has_an_api_reference_entry():
         if f"::: {target}\n" not in api:
             missing.append(f"{name} ({target})")
     assert not missing, f"public names without an API reference entry: {missing}"
+
+
+def _public_callables():
+    import importlib
+    import inspect
+
+    out = []
+    for name, (mod, attr) in splitkv._EXPORTS.items():
+        obj = importlib.import_module(f"splitkv.{mod}")
+        obj = getattr(obj, attr) if attr else obj
+        if inspect.ismodule(obj):
+            out += [(f"{mod}.{n}", f) for n, f in vars(obj).items()
+                    if not n.startswith("_") and inspect.isfunction(f) and f.__module__ == obj.__name__]
+        elif inspect.isclass(obj):
+            out += [(f"{name}.{n}", f) for n, f in vars(obj).items()
+                    if (not n.startswith("_") or n == "__init__") and inspect.isfunction(f)]
+        else:
+            out.append((name, obj))
+    return out
+
+
+def test_public_functions_are_type_hinted():
+    import inspect
+
+    bad = []
+    for name, f in _public_callables():
+        sig = inspect.signature(f)
+        params = [p for p, v in sig.parameters.items()
+                  if v.annotation is inspect.Parameter.empty and p not in ("self", "cls")]
+        no_return = sig.return_annotation is inspect.Signature.empty
+        if params or no_return:
+            bad.append(f"{name}: {params or ''}{' no return type' if no_return else ''}")
+    assert not bad, bad
