@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+# commands whose module imports torch: their parser (splitkv.cli_args) answers --help without it
+HELP_PARSERS = {"demo": "demo_parser", "bench": "bench_parser", "heatmap": "heatmap_parser"}
 COMMANDS = {
     "demo": ("splitkv.demo", "main", "long-context decode per backend, checked against the reference"),
     "bench": ("splitkv.bench.cli", "main", "benchmark suite against peers (json, markdown, plots)"),
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_, _, text) in COMMANDS.items():
             print(f"  {name:8s} {text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv[0] in HELP_PARSERS and any(a in ("-h", "--help") for a in argv[1:]):
+        getattr(importlib.import_module("splitkv.cli_args"), HELP_PARSERS[argv[0]])().parse_args(argv[1:])
     module, func, _ = COMMANDS[argv[0]]
     return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
 

@@ -25,7 +25,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
-from .constants import BACKEND_CHOICES
+from .constants import BACKEND_CHOICES, HEAD_DIMS
+from .constants import LOW_DTYPE_NAMES as DTYPES
 
 _PTXAS_RE = {
     "registers": re.compile(r"Used (\d+) registers"),
@@ -101,7 +102,7 @@ def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_size
     from dataclasses import astuple
 
     from splitkv import heuristics as H
-    from splitkv.backends.cutlass.config import HEAD_DIMS, combine_variants, split_variants
+    from splitkv.backends.cutlass.config import combine_variants, split_variants
 
     if q_lens is not None and group_sizes is None:
         raise ValueError("q_lens: the query tile depends on group size x Sq; give group_sizes (or --heads) too")
@@ -215,8 +216,6 @@ def _run_warmup(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from splitkv.backends.cutlass.config import DTYPES, HEAD_DIMS
-
     ap = argparse.ArgumentParser(prog="python -m splitkv compile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default=None, type=_list(str, BACKEND_CHOICES),
                     help="compile: only 'cutlass' (the default) compiles ahead of time; "

@@ -111,13 +111,9 @@ def measure_case(B, Hq, Hkv, D, L, dtype, names, device) -> tuple[list[list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    from .cli_args import demo_parser
 
-    argparse.ArgumentParser(prog="python -m splitkv demo",
-                            description="Long-context decode per backend, timed (eager without a plan, and under "
-                                        "CUDA-graph replay, next to cuDNN on a GPU) and checked against the fp64 "
-                                        "reference; then a small Llama decoded through splitkv vs transformers' "
-                                        "generate (needs the hf extra).").parse_args(argv)
+    demo_parser().parse_args(argv)
     console = Console(width=None if Console().is_terminal else 160)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

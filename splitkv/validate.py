@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .constants import BACKEND_CHOICES
+from .constants import BACKEND_CHOICES, HEAD_DIMS
 
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
+SUPPORTED_HEAD_DIMS = HEAD_DIMS
 MAX_Q_LEN = 16
 BACKENDS = BACKEND_CHOICES  # what backend= accepts (splitkv.constants)
 LOW_DTYPES = (torch.float16, torch.bfloat16)

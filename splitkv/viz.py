@@ -23,7 +23,6 @@ planner's count, `--num-splits N` forces N.
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,13 +32,11 @@ import torch
 
 from . import debug
 from .api import decode
+from .cli_args import MIN_SHOWN_SPLITS, OUTLIER_NATS, SHOW_SPLITS, heatmap_parser  # the CLI shares these defaults
 from .plan import DecodePlan
 from .plan import plan as make_plan
 
-OUTLIER_NATS = 8.0  # e^8 ~ 3000x more softmax mass per key than the neighbouring splits
 MAX_PANELS = 8
-MIN_SHOWN_SPLITS = 4  # heatmap CLI: a planner's pick below this is a strip, not a map...
-SHOW_SPLITS = 8  # ...so it forces this many (bounded by one 64-key tile per split)
 
 
 @dataclass
@@ -222,41 +219,6 @@ def plant_nan(k_cache, cache_seqlens, block_table, plan, request: int, split: in
     return pos
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m splitkv heatmap",
-                                 description="Per-split partial-LSE heat map of one real decode call.")
-    ap.add_argument("--out", required=True, help="PNG path to write")
-    ap.add_argument("--inputs", help="torch.save'd dict with q, k_cache, v_cache, cache_seqlens "
-                                     "[, block_table, causal, softmax_scale]; random inputs when omitted")
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seqlen", type=int, default=4096)
-    ap.add_argument("--heads", default="32/8", help="Hq/Hkv")
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--q-len", type=int, default=1)
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--num-splits", type=_num_splits, metavar="N|auto",
-                    help=f"force N splits; auto: the planner's count. Default: the planner's, or "
-                         f"{SHOW_SPLITS} forced (said on stdout) when the planner would split into fewer "
-                         f"than {MIN_SHOWN_SPLITS}, which would draw a strip instead of a map")
-    ap.add_argument("--requests", help="comma-separated requests to draw (default: first 4 + flagged)")
-    ap.add_argument("--plant-nan", metavar="REQ:SPLIT",
-                    help="write a NaN key into that split (demo of the flags)")
-    ap.add_argument("--outlier-nats", type=float, default=OUTLIER_NATS)
-    ap.add_argument("--strict", action="store_true", help="exit 1 when an anomaly is found")
-    return ap
-
-
-def _num_splits(text: str):
-    if text == "auto":
-        return text
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected auto or an int >= 1, got {text!r}")
-    return int(text)
-
-
 def _random_inputs(args, device):
     hq, hkv = (int(x) for x in args.heads.split("/"))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -271,7 +233,7 @@ def _random_inputs(args, device):
 
 
 def heatmap_main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = heatmap_parser().parse_args(argv)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
     if args.inputs:

@@ -34,6 +34,10 @@ def _imported(stderr: str) -> set[str]:
     ([], 2, "usage: python -m splitkv"),
     (["--version"], 0, "splitkv"),
     (["no-such-command"], 2, "unknown command 'no-such-command'"),
+    (["demo", "--help"], 0, "usage: python -m splitkv demo"),
+    (["bench", "-h"], 0, "usage: python -m splitkv bench"),
+    (["heatmap", "--help"], 0, "usage: python -m splitkv heatmap"),
+    (["compile", "--help"], 0, "usage: python -m splitkv compile"),
 ])
 def test_launcher_answers_without_torch(argv, rc, text):
     t0 = time.perf_counter()

@@ -61,7 +61,17 @@ measured until then kept]}, "skipped_providers": [{provider, reason}],
 best_splits, best_num_splits, best_us, regret_pct (%), curve: [{num_splits, splits, us}], cmd}]}.
 """
 
-from .cli import main
-from .shapes import byte_model
-
 __all__ = ["main", "byte_model"]
+
+
+def __getattr__(name: str):
+    """Lazy, so that `splitkv.bench.shapes` (the shape tables, no torch) imports alone."""
+    if name == "main":
+        from .cli import main
+
+        return main
+    if name == "byte_model":
+        from .shapes import byte_model
+
+        return byte_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,59 +6,15 @@ report.ERR_WARN relative (a peer's failure never changes the status).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
+from ..cli_args import bench_parser as build_parser
 from . import registry, report, runner, shapes
 from .sweep import parse_range, run_sweep
 
 SWEEP_RANGE = {"full": "1:64", "peers": "1:64", "headline": "1:64", "quick": "1:8"}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m splitkv bench",
-        description="Decode attention benchmark: splitkv vs peers (see benchmarks/README.md).")
-    ap.add_argument("--suite", choices=tuple(shapes.SUITES), default="full",
-                    help="shape suite (default: full)")
-    ap.add_argument("--quick", action="store_true", help="same as --suite quick (tiny, CPU-friendly)")
-    ap.add_argument("--shapes", help="comma-separated globs on shape names, e.g. 'b1-*,*-paged16'")
-    ap.add_argument("--list", action="store_true", help="list the selected shapes and providers, then exit")
-    ap.add_argument("--providers", help="names or groups (splitkv, peers, all); default: splitkv,peers. "
-                                        "splitkv-<backend>: plan reused (eager + graph rows); "
-                                        "splitkv-<backend>-noplan: decode(q, k, v, lens) with no plan")
-    ap.add_argument("--backends", help="splitkv backends for the 'splitkv' group (default: triton,cutlass on "
-                                       "CUDA, torch on CPU)")
-    ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16 (default: bf16)")
-    ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
-    ap.add_argument("--reps", type=int, default=None, help="cap on timed repetitions / graph replays "
-                                                           "(default 20; 3 for --suite quick)")
-    ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
-    ap.add_argument("--no-host", action="store_true",
-                    help="skip host timing (CPU µs per call of a launch loop without synchronising)")
-    ap.add_argument("--num-splits", default="auto",
-                    help="auto (planner), N (force N splits in splitkv rows), or sweep "
-                         "(add the planner's report card)")
-    ap.add_argument("--sweep-range", help="num_splits range LO:HI for the sweep (default 1:64; quick 1:8)")
-    ap.add_argument("--sweep-shapes",
-                    help="globs of shapes to sweep (default: a built-in subset of the suite)")
-    ap.add_argument("--sweep-only", action="store_true", help="with --num-splits sweep: skip the main table")
-    ap.add_argument("--explain", action="store_true",
-                    help="print each splitkv row's plan (DecodePlan.describe())")
-    ap.add_argument("--json", metavar="PATH", help="write rows + metadata as JSON")
-    ap.add_argument("--markdown", metavar="PATH", help="write a markdown report")
-    ap.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
-    ap.add_argument("--sol-tbps", type=float, default=None,
-                    help="speed of light, TB/s, for %% of SOL (default: the spec bandwidth of the GPU used, "
-                         "e.g. H200 4.8; none on a CPU or an unlisted GPU)")
-    ap.add_argument("--wide", action="store_true",
-                    help="terminal table with dtype, graph columns and each row's note (--json / --markdown "
-                         "always have every column)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar / progress lines")
-    return ap
 
 
 def _device(text: str) -> torch.device:

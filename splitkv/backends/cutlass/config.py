@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import heuristics as H
+from ...constants import HEAD_DIMS as SUPPORTED_HEAD_DIMS
+from ...constants import LOW_DTYPE_NAMES
 
 # dtype names shared by the torch side (launch) and the DSL side (kernel classes)
-DTYPES = ("float16", "bfloat16")
+DTYPES = LOW_DTYPE_NAMES
 PART_DTYPES = ("float32", "float16", "bfloat16")
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = SUPPORTED_HEAD_DIMS
 BLOCK_MS = (16, 32, 64)  # the planner's query tile rows (heuristics.tile_config): 16 .. 64
 NUM_THREADS = 128  # 4 warps: with block_m 16 they split the keys of a tile (see SplitConfig)
 MMA_M = 16  # rows of one mma.sync m16n8k16 atom = rows one warp owns

@@ -1,0 +1,100 @@
+"""Argument parsers of the `python -m splitkv` commands that import torch (demo, bench, heatmap),
+in a module that does not: `python -m splitkv CMD --help` answers without loading torch, and each
+command parses with the same parser (help and behaviour cannot drift apart)."""
+
+from __future__ import annotations
+
+import argparse
+
+# heatmap defaults (splitkv.viz uses them too)
+OUTLIER_NATS = 8.0  # e^8 ~ 3000x more softmax mass per key than the neighbouring splits
+MIN_SHOWN_SPLITS = 4  # heatmap CLI: a planner's pick below this is a strip, not a map...
+SHOW_SPLITS = 8  # ...so it forces this many (bounded by one 64-key tile per split)
+
+def demo_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog="python -m splitkv demo",
+        description="Long-context decode per backend, timed (eager without a plan, and under CUDA-graph replay, "
+                    "next to cuDNN on a GPU) and checked against the fp64 reference; then a small Llama decoded "
+                    "through splitkv vs transformers' generate (needs the hf extra).")
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    from .bench import shapes  # light: the shape tables, no torch
+
+    ap = argparse.ArgumentParser(
+        prog="python -m splitkv bench",
+        description="Decode attention benchmark: splitkv vs peers (see benchmarks/README.md).")
+    ap.add_argument("--suite", choices=tuple(shapes.SUITES), default="full",
+                    help="shape suite (default: full)")
+    ap.add_argument("--quick", action="store_true", help="same as --suite quick (tiny, CPU-friendly)")
+    ap.add_argument("--shapes", help="comma-separated globs on shape names, e.g. 'b1-*,*-paged16'")
+    ap.add_argument("--list", action="store_true", help="list the selected shapes and providers, then exit")
+    ap.add_argument("--providers", help="names or groups (splitkv, peers, all); default: splitkv,peers. "
+                                        "splitkv-<backend>: plan reused (eager + graph rows); "
+                                        "splitkv-<backend>-noplan: decode(q, k, v, lens) with no plan")
+    ap.add_argument("--backends", help="splitkv backends for the 'splitkv' group (default: triton,cutlass on "
+                                       "CUDA, torch on CPU)")
+    ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16 (default: bf16)")
+    ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
+    ap.add_argument("--reps", type=int, default=None, help="cap on timed repetitions / graph replays "
+                                                           "(default 20; 3 for --suite quick)")
+    ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
+    ap.add_argument("--no-host", action="store_true",
+                    help="skip host timing (CPU µs per call of a launch loop without synchronising)")
+    ap.add_argument("--num-splits", default="auto",
+                    help="auto (planner), N (force N splits in splitkv rows), or sweep "
+                         "(add the planner's report card)")
+    ap.add_argument("--sweep-range", help="num_splits range LO:HI for the sweep (default 1:64; quick 1:8)")
+    ap.add_argument("--sweep-shapes",
+                    help="globs of shapes to sweep (default: a built-in subset of the suite)")
+    ap.add_argument("--sweep-only", action="store_true", help="with --num-splits sweep: skip the main table")
+    ap.add_argument("--explain", action="store_true",
+                    help="print each splitkv row's plan (DecodePlan.describe())")
+    ap.add_argument("--json", metavar="PATH", help="write rows + metadata as JSON")
+    ap.add_argument("--markdown", metavar="PATH", help="write a markdown report")
+    ap.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
+    ap.add_argument("--sol-tbps", type=float, default=None,
+                    help="speed of light, TB/s, for %% of SOL (default: the spec bandwidth of the GPU used, "
+                         "e.g. H200 4.8; none on a CPU or an unlisted GPU)")
+    ap.add_argument("--wide", action="store_true",
+                    help="terminal table with dtype, graph columns and each row's note (--json / --markdown "
+                         "always have every column)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar / progress lines")
+    return ap
+
+
+def heatmap_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m splitkv heatmap",
+                                 description="Per-split partial-LSE heat map of one real decode call.")
+    ap.add_argument("--out", required=True, help="PNG path to write")
+    ap.add_argument("--inputs", help="torch.save'd dict with q, k_cache, v_cache, cache_seqlens "
+                                     "[, block_table, causal, softmax_scale]; random inputs when omitted")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--heads", default="32/8", help="Hq/Hkv")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--q-len", type=int, default=1)
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--num-splits", type=_num_splits, metavar="N|auto",
+                    help=f"force N splits; auto: the planner's count. Default: the planner's, or "
+                         f"{SHOW_SPLITS} forced (said on stdout) when the planner would split into fewer "
+                         f"than {MIN_SHOWN_SPLITS}, which would draw a strip instead of a map")
+    ap.add_argument("--requests", help="comma-separated requests to draw (default: first 4 + flagged)")
+    ap.add_argument("--plant-nan", metavar="REQ:SPLIT",
+                    help="write a NaN key into that split (demo of the flags)")
+    ap.add_argument("--outlier-nats", type=float, default=OUTLIER_NATS)
+    ap.add_argument("--strict", action="store_true", help="exit 1 when an anomaly is found")
+    return ap
+
+
+def _num_splits(text: str):
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or an int >= 1, got {text!r}")
+    return int(text)
