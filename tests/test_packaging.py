@@ -87,3 +87,21 @@ def test_public_functions_are_type_hinted():
         if params or no_return:
             bad.append(f"{name}: {params or ''}{' no return type' if no_return else ''}")
     assert not bad, bad
+
+
+def test_cited_result_files_exist():
+    """Every results/<dated run>/... file that code comments or docs cite is in the repository."""
+    import glob
+    import re
+
+    pat = re.compile(r"results/(20\d\d-\d\d-\d\d[\w.-]*/[\w./*-]+)")
+    sources = [*ROOT.glob("splitkv/**/*.py"), *ROOT.glob("*.md"), *ROOT.glob("benchmarks/*.md"),
+               *ROOT.glob("benchmarks/*.py")]
+    missing, found = [], 0
+    for src in sources:
+        for ref in pat.findall(src.read_text()):
+            found += 1
+            ref = ref.rstrip(".,)")
+            if not glob.glob(str(ROOT / "benchmarks" / "results" / ref)):
+                missing.append(f"{src.relative_to(ROOT)}: {ref}")
+    assert found and not missing, missing
