@@ -87,13 +87,13 @@ def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, bat
     hit = memo.get((stream, batch_invariant) if plan is None else plan)
     if hit is None or torch._C._cuda_getDevice() != dev:
         return None
-    p, launch = hit
+    p, launch, plain = hit
     qp, kp, vp, lp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr()
     bp = block_table.data_ptr() if block_table is not None else lp
     if (qp | kp | vp | lp | bp) & 15:
         return None
-    if out is None:
-        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out is None:  # plain: q is contiguous, so empty_like keeps the bound layout (and is the cheaper call)
+        o = torch.empty_like(q) if plain else torch.empty_like(q, memory_format=torch.contiguous_format)
     elif (type(out) is torch.Tensor and out.get_device() == dev and out.dtype == q.dtype and out.shape == q.shape
           and out.is_contiguous()):  # the layout the launch was bound for (a contiguous o)
         o = out
@@ -102,8 +102,7 @@ def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, bat
     op = o.data_ptr()
     if op & 15:
         return None
-    lse = (torch.empty(p.batch, p.num_q_heads, p.q_len, dtype=torch.float32, device=q.device) if return_lse
-           else p.lse_scratch)
+    lse = torch.empty_like(p.lse_scratch) if return_lse else p.lse_scratch
     if plan is None:
         p.schedule_if_new(cache_seqlens)
     launch(stream, qp, kp, vp, lp, bp, op, lse.data_ptr())  # lse: a torch allocation, 512-byte aligned
@@ -123,7 +122,8 @@ def _remember(memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_p
         return
     launch = bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
     if launch is not None:
-        memo[(_stream_of(q.get_device()), batch_invariant) if own_plan else plan] = (plan, launch)
+        plain = q.is_contiguous() and q.stride() == out.stride()
+        memo[(_stream_of(q.get_device()), batch_invariant) if own_plan else plan] = (plan, launch, plain)
 
 
 def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
