@@ -6,7 +6,7 @@ Decode shapes: the CPU demo's (splitkv/demo.py _cases: B=1, Hq 32 / Hkv 8, D 128
 keys), in fp32 and bf16, plus the 16K bf16 case over a paged cache (page 16, shuffled pages: the
 fast path gathers the used pages). Columns, median µs per call of `splitkv.decode(q, k, v, lens,
 backend="torch")` with no plan (what a new user calls), timed in interleaved rounds:
-  spec  - the spec path (vectorised split/combine, fp32; what every call ran before the fast path),
+  spec  - the spec path (vectorised split/merge, fp32; what every call ran before the fast path),
           forced by patching torch_backend.spec_wanted;
   fast  - what decode runs now;
   sdpa  - torch.nn.functional.scaled_dot_product_attention(enable_gqa=True) on K/V laid out

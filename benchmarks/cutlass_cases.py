@@ -107,15 +107,15 @@ def matrix_cases(quick=False):
     return cases + ([] if quick else real)
 
 
-def check_combine_only(device="cuda") -> list[dict]:
-    """fp32/fp16/bf16 partials (merge_states users) through the cutlass combine vs fp64 math."""
+def check_merge_only(device="cuda") -> list[dict]:
+    """fp32/fp16/bf16 partials (merge_states users) through the cutlass merge vs fp64 math."""
     from splitkv.backends import cutlass as C
 
     rows = []
     for pdt in (torch.float32, torch.float16, torch.bfloat16):
         for odt in (torch.float16, torch.bfloat16):
             for D in (64, 128, 256):
-                name = f"combine {str(pdt)[6:]}->{str(odt)[6:]} D{D}"
+                name = f"merge {str(pdt)[6:]}->{str(odt)[6:]} D{D}"
                 try:
                     S, B, H, T = 37, 3, 4, 2
                     o_part = torch.randn(S, B, H, T, D, device=device).to(pdt)
@@ -126,7 +126,7 @@ def check_combine_only(device="cuda") -> list[dict]:
                     lse_part[:, 1, 0] = -math.inf  # request 1, head 0: no key at all
                     out = torch.full((B, T, H, D), float("nan"), dtype=odt, device=device)
                     lse = torch.empty(B, H, T, device=device)
-                    C.combine(o_part, lse_part, ns, out, lse)
+                    C.merge(o_part, lse_part, ns, out, lse)
                     live = torch.arange(S, device=device)[:, None] < ns[None, :]
                     lp = lse_part.double().masked_fill(~live[:, :, None, None], -math.inf)
                     m = lp.amax(0)

@@ -9,13 +9,13 @@ Phases (each catches its own failures and is reported; nothing aborts the run):
   correct   the matrix vs splitkv.reference (fp64): every split variant (dtype x D x block_m x
             paged), odd lengths incl. 0, page sizes 1..256 with shuffled tables and NaN in unused
             pages / slots, forced splits 1/3/17, causal Sq up to 16, real sizes, fp16/bf16
-            partials through the combine, bitwise determinism, a CUDA-graph replay with new lengths
+            partials through the merge, bitwise determinism, a CUDA-graph replay with new lengths
   cache     a fresh process decodes with kernels loaded from the disk cache only
   sanitize  compute-sanitizer memcheck and racecheck on small cases (kernels from the disk cache)
   bench     cutlass vs triton, eager (do_bench median, L2 flushed) and CUDA-graph replay (rotating
             KV buffers, cold reads) on the PEERS shapes, contiguous and paged
   sweep     cutlass (block_n, stages) alternatives on two shapes, graph replay
-  pdl       fused merge vs combine kernel, programmatic dependent launch on / off, split kernel alone,
+  pdl       fused merge vs merge kernel, programmatic dependent launch on / off, split kernel alone,
             and Triton, graph replay + eager, on small and mid GQA shapes
 Results: $OUT/gpu_cutlass.json (rewritten after every phase), summary table printed last.
 A phase is skipped (reported) once --budget-s wall seconds have passed.
@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # cutlass_cases, also in spawned workers
-from cutlass_cases import check_case, check_combine_only, check_graph, make_inputs, matrix_cases  # noqa: E402
+from cutlass_cases import check_case, check_graph, check_merge_only, make_inputs, matrix_cases  # noqa: E402
 
 import splitkv  # noqa: E402
 
@@ -70,7 +70,7 @@ def phase_compile(args):
             t = time.perf_counter()
             try:
                 cfg = _cfg(kind, fields)
-                (launch.compile_split if kind == "split" else launch.compile_combine)(cfg, arch)
+                (launch.compile_split if kind == "split" else launch.compile_merge)(cfg, arch)
                 row["load_s"] = round(time.perf_counter() - t, 2)
             except Exception as e:
                 row.update(ok=False, error=f"load: {type(e).__name__}: {e}")
@@ -85,9 +85,9 @@ def phase_compile(args):
 
 
 def _cfg(kind, fields):
-    from splitkv.backends.cutlass.config import CombineConfig, SplitConfig
+    from splitkv.backends.cutlass.config import MergeConfig, SplitConfig
 
-    return SplitConfig(*fields) if kind == "split" else CombineConfig(*fields)
+    return SplitConfig(*fields) if kind == "split" else MergeConfig(*fields)
 
 
 def _warm_one(item, arch):
@@ -98,7 +98,7 @@ def _warm_one(item, arch):
     cfg = _cfg(kind, fields)
     t = time.perf_counter()
     try:
-        CACHE.get(cfg.name, arch, lambda: (launch.build_split if kind == "split" else launch.build_combine)(cfg))
+        CACHE.get(cfg.name, arch, lambda: (launch.build_split if kind == "split" else launch.build_merge)(cfg))
         return cfg.name, round(time.perf_counter() - t, 2), True, None
     except Exception as e:
         return cfg.name, round(time.perf_counter() - t, 2), False, f"{type(e).__name__}: {str(e)[:300]}"
@@ -120,7 +120,7 @@ def _run_rows(items, fn):
 
 def phase_correct(args):
     rows = _run_rows(matrix_cases(args.quick), check_case)
-    for r in check_combine_only():
+    for r in check_merge_only():
         log(f"  {'PASS' if r['ok'] else 'FAIL'}  {r['name']:40s} err_o={r.get('err_o', float('nan')):.2e} "
             f"{r.get('error', '')}")
         rows.append(r)
@@ -245,15 +245,15 @@ def _bench_shape(B, Hq, Hkv, L, page, backends_, split_cfg=None, direct=None):
     return row
 
 
-def _split_direct(q, k, v, seqlens, bt, p, out, cfg, combine_cfg=None, combine=True, fuse=False):
+def _split_direct(q, k, v, seqlens, bt, p, out, cfg, merge_cfg=None, merge=True, fuse=False):
     from splitkv.backends.cutlass import launch
 
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
     o_part, lse_part = p.partials()
     launch.split_(q, k, v, seqlens, bt, p, o_part, lse_part, out, lse, q.shape[-1] ** -0.5, True, cfg=cfg,
                   fuse=fuse)
-    if o_part is not None and combine and not fuse:
-        launch.combine_(o_part, lse_part, p.num_splits, out, lse, skip_single=True, cfg=combine_cfg)
+    if o_part is not None and merge and not fuse:
+        launch.merge_(o_part, lse_part, p.num_splits, out, lse, skip_single=True, cfg=merge_cfg)
 
 
 def phase_bench(args):
@@ -291,13 +291,13 @@ PDL_SHAPES = [(1, 32, 8, 4096), (1, 64, 8, 4096), (4, 32, 8, 4096), (1, 32, 32, 
 
 
 def phase_pdl(args):
-    """Fused merge in the split kernel vs the combine kernel (heuristics.CUTLASS_FUSED_COMBINE_MAX_SPLITS),
+    """Fused merge in the split kernel vs the merge kernel (heuristics.CUTLASS_FUSED_MERGE_MAX_SPLITS),
     programmatic dependent launch on/off (heuristics.CUTLASS_PDL), and the split kernel alone."""
-    from splitkv.backends.cutlass.config import CombineConfig, split_config
+    from splitkv.backends.cutlass.config import MergeConfig, split_config
 
-    def variant(pdl, combine=True, fuse=False):
+    def variant(pdl, merge=True, fuse=False):
         return lambda p: dict(cfg=split_config("bfloat16", 128, p.tile.block_m, False, pdl),
-                              combine_cfg=CombineConfig("float32", "bfloat16", 128, pdl), combine=combine, fuse=fuse)
+                              merge_cfg=MergeConfig("float32", "bfloat16", 128, pdl), merge=merge, fuse=fuse)
 
     direct = {"fused": variant(True, fuse=True), "pdl": variant(True), "nopdl": variant(False),
               "split_only_pdl": variant(True, False)}

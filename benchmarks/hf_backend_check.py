@@ -31,12 +31,12 @@ from splitkv.reference import decode_lowp, decode_reference, gather_keys
 
 @contextlib.contextmanager
 def _unfused():
-    old = H.CUTLASS_FUSED_COMBINE_MAX_SPLITS
-    H.CUTLASS_FUSED_COMBINE_MAX_SPLITS = 0
+    old = H.CUTLASS_FUSED_MERGE_MAX_SPLITS
+    H.CUTLASS_FUSED_MERGE_MAX_SPLITS = 0
     try:
         yield
     finally:
-        H.CUTLASS_FUSED_COMBINE_MAX_SPLITS = old
+        H.CUTLASS_FUSED_MERGE_MAX_SPLITS = old
 
 
 def _variants(backends):

@@ -67,10 +67,10 @@ def _compile_one(kind: str, fields: tuple, arch: str, dump_root: str) -> dict:
 
     from splitkv.backends.cutlass import launch
     from splitkv.backends.cutlass.cache import compile_options
-    from splitkv.backends.cutlass.config import CombineConfig, SplitConfig
+    from splitkv.backends.cutlass.config import MergeConfig, SplitConfig
 
-    cfg = SplitConfig(*fields) if kind == "split" else CombineConfig(*fields)
-    build = launch.build_split if kind == "split" else launch.build_combine
+    cfg = SplitConfig(*fields) if kind == "split" else MergeConfig(*fields)
+    build = launch.build_split if kind == "split" else launch.build_merge
     dump = os.path.join(dump_root, cfg.name)
     os.makedirs(dump, exist_ok=True)
     row = {"name": cfg.name, "kind": kind}
@@ -96,13 +96,13 @@ def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_size
     head_dims: ints; dtypes: names ("bfloat16", "float16"); layouts: "dense" / "paged" (split
     kernels). group_sizes (Hq / Hkv) and q_lens select split kernels by the query tile the planner
     gives them (heuristics.tile_config: block_m from group size x Sq); give group_sizes to use
-    q_lens (q_lens default (1,)). Combine kernels are kept for the head dims and output dtypes
+    q_lens (q_lens default (1,)). Merge kernels are kept for the head dims and output dtypes
     asked, with float32 partials (decode's) and partials in those dtypes (merge_states').
     """
     from dataclasses import astuple
 
     from splitkv import heuristics as H
-    from splitkv.backends.cutlass.config import combine_variants, split_variants
+    from splitkv.backends.cutlass.config import merge_variants, split_variants
 
     if q_lens is not None and group_sizes is None:
         raise ValueError("q_lens: the query tile depends on group size x Sq; give group_sizes (or --heads) too")
@@ -114,10 +114,10 @@ def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_size
               if (head_dims is None or c.head_dim in head_dims) and (dtypes is None or c.dtype in dtypes)
               and (layouts is None or ("paged" if c.paged else "dense") in layouts)
               and (tiles is None or (c.head_dim, c.block_m) in tiles)]
-    combines = [c for c in combine_variants()
+    merges = [c for c in merge_variants()
                 if (head_dims is None or c.head_dim in head_dims)
                 and (dtypes is None or (c.out_dtype in dtypes and c.part_dtype in ("float32", *dtypes)))]
-    out = [("split", astuple(c)) for c in splits] + [("combine", astuple(c)) for c in combines]
+    out = [("split", astuple(c)) for c in splits] + [("merge", astuple(c)) for c in merges]
     if only:
         rx = re.compile(only)
         out = [(k, f) for k, f in out if rx.search(_name(k, f))]
@@ -125,9 +125,9 @@ def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_size
 
 
 def _name(kind, fields):
-    from splitkv.backends.cutlass.config import CombineConfig, SplitConfig
+    from splitkv.backends.cutlass.config import MergeConfig, SplitConfig
 
-    return (SplitConfig(*fields) if kind == "split" else CombineConfig(*fields)).name
+    return (SplitConfig(*fields) if kind == "split" else MergeConfig(*fields)).name
 
 
 def _print_table(rows: list[dict], arch: str) -> None:

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                       "Full suite: `python -m splitkv bench`.")
     else:
         console.print("No GPU here: the CPU runs the torch backend (one fused attention pass per request, "
-                      "ATen's CPU flash kernel; the split/combine spec runs when partials are asked for), eager, "
+                      "ATen's CPU flash kernel; the split/merge spec runs when partials are asked for), eager, "
                       "no plan. On a CUDA GPU the demo times the Triton (and CUTLASS) kernels at 32K and 128K "
                       "keys, eager and under CUDA-graph replay, next to cuDNN.")
     console.print("[green]all results match the reference[/]" if ok_all else "[red]mismatch against the reference[/]")

@@ -3,7 +3,7 @@ stream, or passed in) -> schedule on the device -> backend launch.
 
 Per call, without a plan, the host does: one signature lookup, one plan lookup, the schedule launch
 (skipped when the lengths tensor is unchanged since the plan's last schedule: the layers of a step
-share one) and the split launch (+ the combine launch where the merge is not fused), and allocates o (and lse
+share one) and the split launch (+ the merge launch where the merge is not fused), and allocates o (and lse
 when returned). It never reads cache_seqlens: no device->host sync, and the call can be captured in
 a CUDA graph (its plan is sized for the cache's capacity: Lmax, or max_pages * page_size).
 

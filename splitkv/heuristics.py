@@ -13,7 +13,7 @@ Split rule — FlashInfer-style chunk length, chosen over FA3-style per-batch nu
     and a plain decode call can be captured in a CUDA graph. `schedule` is the rule in PyTorch
     (the CPU path and the specification the GPU kernel is tested against).
 Why not stream-K (equal key tiles per CTA across requests, a CTA spanning two requests): it needs
-a CTA to write partials for two requests and a combine that knows the split map; the chunk rule
+a CTA to write partials for two requests and a merge that knows the split map; the chunk rule
 with a ragged re-plan (BALANCE) keeps every CTA inside one request with max/mean work <= 1.25.
 """
 
@@ -52,12 +52,12 @@ def blocks_per_sm(target: str, paged: bool = False) -> int:
     return CUTLASS_BLOCKS_PER_SM if target == "cutlass" and not paged else BLOCKS_PER_SM
 
 # A split must stream at least this many keys. Each split pays a fixed cost: the Q tile load,
-# the pipeline fill and a partial write + combine read of rows*D*4 bytes. At 256 keys a split
+# the pipeline fill and a partial write + merge read of rows*D*4 bytes. At 256 keys a split
 # reads 64 KB of K+V per KV head (D=64, bf16) against <= 16 KB of partials: overhead stays small.
 MIN_CHUNK_KEYS = 256
 
-# Upper bound on splits per request: the combine reads num_splits partial rows, and past ~128
-# splits (1K keys each at 128K) the combine's reads, not the split kernel, dominate.
+# Upper bound on splits per request: the merge reads num_splits partial rows, and past ~128
+# splits (1K keys each at 128K) the merge's reads, not the split kernel, dominate.
 MAX_SPLITS = 128
 
 # Query tile rows: tl.dot / mma needs M >= 16; past 64 rows (e.g. GQA 16 x Sq 16 = 256) the fp32
@@ -65,16 +65,16 @@ MAX_SPLITS = 128
 MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
 
 # Merge partials inside the split kernel (the last split block of a group to finish merges it, via
-# an atomic counter) instead of a second combine launch — only up to this many splits. Measured on
+# an atomic counter) instead of a second merge launch — only up to this many splits. Measured on
 # the H200 (graph replay, bf16 D=128, 2026-11-29): with 8 splits fused wins (B=4 GQA 4K 26.5 us vs
 # 28.3; B=1 MHA 4K 25.5 vs 28.0; B=1 MHA 32K 128.9 vs 131.9); with 16-33 splits the merging block's
 # serial walk over the splits costs more than the launch it saves (B=1 GQA 4K 17.0 vs 14.3 us;
-# 32K 52.2 vs 44.5), so the separate, row-parallel combine kernel runs instead.
-FUSED_COMBINE_MAX_SPLITS = 8
+# 32K 52.2 vs 44.5), so the separate, row-parallel merge kernel runs instead.
+FUSED_MERGE_MAX_SPLITS = 8
 
 # Notional SM count when planning for a CPU tensor (torch backend): it runs all splits as one
 # vectorised batch, so splitting buys no parallelism; 16 keeps the padded work small while still
-# exercising the split/combine path that the GPU uses.
+# exercising the split/merge path that the GPU uses.
 CPU_NUM_SMS = 16
 
 
@@ -268,17 +268,17 @@ def append_tile(num_kv_heads: int, head_dim: int) -> tuple[int, int, int]:
 
 # CuTe DSL kernels launch with programmatic dependent launch (sm_90 PDL): each kernel waits
 # (griddepcontrol.wait) for its predecessor's memory at its first instruction and lets its successor
-# launch at once (griddepcontrol.launch_dependents), so the combine's CTAs, and the next call's split
+# launch at once (griddepcontrol.launch_dependents), so the merge's CTAs, and the next call's split
 # CTAs, are resident before the previous grid drains: the launch gap between the two kernels of a
 # decode, and between decodes under a CUDA graph, overlaps the previous kernel's tail.
 # Prediction before the H200 run: -1..2 us per decode on small shapes (B=1 GQA 4K graph: 11.0 us).
 CUTLASS_PDL = True
 
 # The CuTe DSL split kernel merges the partials itself (the last split CTA of each tile, all its
-# threads in parallel: backends/cutlass/fused_merge.py) up to this many splits, instead of a combine
-# launch. Prediction before the H200 run: the combine costs ~3 us of B=1 GQA 4K's 10.6 us (graph,
+# threads in parallel: backends/cutlass/fused_merge.py) up to this many splits, instead of a merge
+# launch. Prediction before the H200 run: the merge costs ~3 us of B=1 GQA 4K's 10.6 us (graph,
 # split kernel alone 7.4 us); a parallel merge of 16 splits' partials from L2 should take ~1 us.
-CUTLASS_FUSED_COMBINE_MAX_SPLITS = MAX_SPLITS
+CUTLASS_FUSED_MERGE_MAX_SPLITS = MAX_SPLITS
 
 
 # The unsplit tile (block_n 128, 2 stages) also serves split plans whose CTAs stream long chunks: a

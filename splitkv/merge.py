@@ -13,14 +13,14 @@ keys (vLLM's merge_attn_states reads it the same way), so their states merge as 
 never yields NaN. Merging only empty states gives o = 0, lse = -inf. A NaN lse is not empty: it
 propagates, the merged o and lse of that row are NaN (as SDPA propagates a NaN input).
 
-This is the split-KV combine with partials from anywhere: cascade attention (a shared prefix
+This is the split-KV merge with partials from anywhere: cascade attention (a shared prefix
 attended once + per-request suffixes) and multi-GPU decode (each rank attends its shard of the
 keys) are built from it.
 
 Layouts follow decode: o [B, Sq, Hq, D], lse [B, Hq, Sq] fp32. The N-way form takes a stacked
-leading axis, o [N, B, Sq, Hq, D], lse [N, B, Hq, Sq], and hands the combine a permuted view
-(o_part [N, B, Hq, Sq, D]), so it copies nothing. On CUDA the Triton combine kernel runs it; on
-the CPU the torch combine. Both go through the splitkv::combine custom op (torch.compile safe).
+leading axis, o [N, B, Sq, Hq, D], lse [N, B, Hq, Sq], and hands the merge a permuted view
+(o_part [N, B, Hq, Sq, D]), so it copies nothing. On CUDA the Triton merge kernel runs it; on
+the CPU the torch merge. Both go through the splitkv::merge custom op (torch.compile safe).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def merge_states_n(o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, to
     if lse.dtype != torch.float32:
         lse = lse.float()
     num_splits = torch.full((B,), N, dtype=torch.int32, device=o.device)
-    return ops.combine_op(o.permute(0, 1, 3, 2, 4), lse, num_splits)
+    return ops.merge_op(o.permute(0, 1, 3, 2, 4), lse, num_splits)
 
 
 def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
@@ -91,7 +91,7 @@ def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
     B, Sq, Hq, _ = o_a.shape
     _check_lse("lse_a", lse_a, (B, Hq, Sq), o_a.device)
     _check_lse("lse_b", lse_b, (B, Hq, Sq), o_a.device)
-    # one small copy of two decode-sized outputs buys a single combine launch
+    # one small copy of two decode-sized outputs buys a single merge launch
     o = torch.stack((o_a, o_b))
     lse = torch.stack((lse_a.float(), lse_b.float()))
     return merge_states_n(o, lse)

@@ -1,10 +1,10 @@
 """torch.library custom ops (namespace "splitkv") with fake impls, so torch.compile traces decode,
-the combine and the cache append as single opaque nodes: no graph break (fullgraph=True works)
+the merge and the cache append as single opaque nodes: no graph break (fullgraph=True works)
 and no host read of cache_seqlens inside the traced graph.
 
     splitkv::decode   (q, k_cache, v_cache, cache_seqlens, block_table?, causal, softmax_scale?,
                        num_splits?, backend) -> (o [B, Sq, Hq, D] q.dtype, lse [B, Hq, Sq] fp32)
-    splitkv::combine  (o_part [S, B, H, T, D], lse_part [S, B, H, T], num_splits [B])
+    splitkv::merge    (o_part [S, B, H, T, D], lse_part [S, B, H, T], num_splits [B])
                        -> (o [B, T, H, D] o_part.dtype, lse [B, H, T] fp32)
     splitkv::append   (k_pool!, v_pool!, k, v, pages, starts, ntok, cos?, sin?, neox, backend)
                        -> ()   (PagedKVCache's device write; pools mutated in place)
@@ -42,20 +42,20 @@ def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, softma
     return o, lse
 
 
-@torch.library.custom_op("splitkv::combine", mutates_args=())
-def combine_op(o_part: Tensor, lse_part: Tensor, num_splits: Tensor) -> tuple[Tensor, Tensor]:
+@torch.library.custom_op("splitkv::merge", mutates_args=())
+def merge_op(o_part: Tensor, lse_part: Tensor, num_splits: Tensor) -> tuple[Tensor, Tensor]:
     S, B, H, T, D = o_part.shape
     o = o_part.new_empty((B, T, H, D))
     lse = lse_part.new_empty((B, H, T), dtype=torch.float32)
-    # the Triton kernel needs a real GPU; on the CPU (interpreter or not) the torch combine is the
+    # the Triton kernel needs a real GPU; on the CPU (interpreter or not) the torch merge is the
     # same math and far faster than interpreting
     name = "triton" if o_part.is_cuda and backends.triton_available() else "torch"
-    backends.get(name).combine(o_part, lse_part, num_splits, o, lse)
+    backends.get(name).merge(o_part, lse_part, num_splits, o, lse)
     return o, lse
 
 
-@combine_op.register_fake
-def _combine_fake(o_part, lse_part, num_splits):
+@merge_op.register_fake
+def _merge_fake(o_part, lse_part, num_splits):
     S, B, H, T, D = o_part.shape
     return o_part.new_empty((B, T, H, D)), lse_part.new_empty((B, H, T), dtype=torch.float32)
 

@@ -64,7 +64,7 @@ class DecodePlan:
     tile: H.TileConfig  # of that backend; num_stages as launched (paged extra stages included)
     m_tiles: int
     rule: H.SplitRule
-    fuse: bool  # the split kernel merges the splits itself (no combine launch)
+    fuse: bool  # the split kernel merges the splits itself (no merge launch)
     batch_invariant: bool
     sched: torch.Tensor  # int32 [2, >= B] on device: num_splits, chunk_lens
     counters: torch.Tensor | None  # int32 arrival counters of the fused merge, zero between launches
@@ -215,12 +215,12 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
         long_chunks = H.uniform_chunk_keys(rule, prob.batch, prob.max_seqlen) >= H.CUTLASS_LONG_CHUNK_KEYS
         block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not long_chunks, paged)
         tile = H.TileConfig(tile.block_m, block_n, tile.num_warps, stages)
-        fuse = 1 < rule.max_splits <= H.CUTLASS_FUSED_COMBINE_MAX_SPLITS
+        fuse = 1 < rule.max_splits <= H.CUTLASS_FUSED_MERGE_MAX_SPLITS
     else:
         t = H.tile_config(prob.head_dim, prob.qhead_per_kvhead * prob.q_len, splitting=splitting)
         tile = H.TileConfig(t.block_m, t.block_n, t.num_warps, H.launch_stages(t, paged))
-        fuse = name == "triton" and 1 < rule.max_splits <= H.FUSED_COMBINE_MAX_SPLITS
-    fuse = fuse and not batch_invariant  # one merge path (the combine kernel) for every batch
+        fuse = name == "triton" and 1 < rule.max_splits <= H.FUSED_MERGE_MAX_SPLITS
+    fuse = fuse and not batch_invariant  # one merge path (the merge kernel) for every batch
     B, S = prob.batch, rule.max_splits
     pad = -(-max(B, 1) // 4) * 4  # 16-byte aligned rows: Triton specialises pointers on alignment
 

@@ -6,7 +6,7 @@ those first calls itself, on tiny dummy tensors, through the public API only
 (`splitkv.decode(..., num_splits=..., backend=...)`), so it stays right whatever the planner and
 the backends become: for every combination of head dim x dtype x (Hq, Hkv) x Sq x cache layout x
 backend it runs a decode that does not split (num_splits=1), one that splits in two (the fused
-merge), one with MANY_SPLITS splits (more than any fused-merge limit: the separate combine
+merge), one with MANY_SPLITS splits (more than any fused-merge limit: the separate merge
 kernel) and one the planner splits itself (num_splits=None). Together these hit the kernels a
 model with those shapes launches, whatever split count the planner picks later. Compiled CuTe
 kernels also land in the disk cache (SPLITKV_CACHE_DIR) and Triton's in its own
@@ -28,7 +28,7 @@ from . import validate
 
 # Split counts each combination decodes with: 1 = the unsplit tile; 2 = the split tile and the
 # merge fused into the split kernel; MANY_SPLITS = past the fused merge's split limit, so the
-# separate combine kernel compiles too (Triton fuses up to 8 splits today); None = the planner
+# separate merge kernel compiles too (Triton fuses up to 8 splits today); None = the planner
 # decides (its own code path, on the longest dummy length).
 MANY_SPLITS = 16
 SPLIT_COUNTS = (1, 2, MANY_SPLITS, None)

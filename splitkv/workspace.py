@@ -1,6 +1,6 @@
 """Preallocated fp32 workspace for split partials: partial O and partial LSE.
 
-Layouts (split axis leads, so one split's rows are contiguous and the combine strides over it):
+Layouts (split axis leads, so one split's rows are contiguous and the merge strides over it):
     o_part   [max_splits, B, Hq, Sq, D]  fp32, each split's *normalised* output
     lse_part [max_splits, B, Hq, Sq]     fp32, natural-log LSE of that split (-inf when empty)
 

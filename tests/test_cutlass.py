@@ -2,7 +2,7 @@
 import guard, sm_90a compilation on this CPU machine (PTX checked for the instructions the design
 relies on), and — marked gpu — correctness of every split variant against splitkv.reference.
 
-CPU compile tests cover one variant per (head dim, layout) plus the combine (~1 min on 2 cores);
+CPU compile tests cover one variant per (head dim, layout) plus the merge (~1 min on 2 cores);
 SPLITKV_TEST_COMPILE_ALL=1 compiles all of them (`python -m splitkv compile` does that in CI).
 """
 
@@ -34,7 +34,7 @@ def test_variant_lists_cover_every_launchable_config():
     assert not any(c.paged and c.block_n == 128 and c.head_dim == 128 for c in split)
     assert {(c.block_n, c.num_stages) for c in split if c.head_dim == 128} == {(64, 3), (128, 2)}
     assert {c.block_m for c in split} == set(config.BLOCK_MS)  # every planner query tile
-    assert len(config.combine_variants()) == 3 * 2 * 3
+    assert len(config.merge_variants()) == 3 * 2 * 3
     for c in split:
         assert c.smem_bytes <= config.SMEM_LIMIT
         assert c.warps_m * c.warps_n == config.NUM_THREADS // 32
@@ -88,7 +88,7 @@ def test_missing_dsl_gives_install_hint(monkeypatch):
     with pytest.raises(RuntimeError, match=r"pip install 'splitkv\[cutlass\]'"):
         backend.run(*([None] * 12))
     with pytest.raises(RuntimeError, match="nvidia-cutlass-dsl"):
-        backend.combine(None, None, None, None, None)
+        backend.merge(None, None, None, None, None)
 
 
 # ------------------------------------------------------------------------ with the DSL, no GPU
@@ -106,7 +106,7 @@ def _compile_rows(regex, tmp_path):
 def test_variants_compile_for_sm90a_without_spills(tmp_path):
     regex = "." if os.environ.get("SPLITKV_TEST_COMPILE_ALL") else \
         r"split_float16_d64_m16.*dense|split_bfloat16_d128_m16.*paged|split_float16_d256_m64.*dense|" \
-        r"split_bfloat16_d128_m64.*paged|combine_float32_to_bfloat16_d128"
+        r"split_bfloat16_d128_m64.*paged|merge_float32_to_bfloat16_d128"
     rc, rows = _compile_rows(regex, tmp_path)
     assert rc == 0 and all(r["ok"] for r in rows), rows
     assert len(rows) >= 5
@@ -138,7 +138,7 @@ def test_packer_matches_the_dsl_argument_packing():
     from splitkv.backends.cutlass import launch
     from splitkv.backends.cutlass.argpack import Packer
 
-    kern, args = launch.build_combine(config.CombineConfig("float32", "float16", 64))
+    kern, args = launch.build_merge(config.MergeConfig("float32", "float16", 64))
     compiled = cute.compile(kern, *args, options=cache.compile_options("sm_90a"))
     p = Packer(compiled)
     assert p.fast  # our ctypes slots hold what the DSL would pass, for a probe call
@@ -152,15 +152,15 @@ GPU_CASES = [(dt, D, G, Sq, page) for dt in (torch.float16, torch.bfloat16) for 
 
 @pytest.mark.gpu
 @needs_dsl
-@pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "combine-kernel"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-merge", "merge-kernel"])
 @pytest.mark.parametrize("dtype,D,G,Sq,page", GPU_CASES)
 def test_every_split_variant_matches_reference(dtype, D, G, Sq, page, fused, monkeypatch):
     """G x Sq = 4 / 32 / 256 packed rows -> block_m 16 / 32 / 64 (4 query tiles); lengths include
     0, 1 and rows that see no key (Sq > L); forced splits so the merge runs too, both in the split
-    kernel (fused) and in the combine kernel."""
+    kernel (fused) and in the merge kernel."""
     from splitkv import heuristics
 
-    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_COMBINE_MAX_SPLITS", heuristics.MAX_SPLITS if fused else 1)
+    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_SPLITS", heuristics.MAX_SPLITS if fused else 1)
     lens = [0, 1, 17, 113, 2049]
     q, k, v, sl = make_inputs(5, Sq, 2 * G, 2, D, lens, dtype, "cuda", seed=D + G)
     kd, vd, bt = k, v, None
@@ -185,7 +185,7 @@ def test_every_split_variant_matches_reference(dtype, D, G, Sq, page, fused, mon
 @pytest.mark.gpu
 @needs_dsl
 @pytest.mark.parametrize("splits", [37, 70])
-def test_combine_kernel_merges_more_splits_than_a_warp_has_lanes(splits):
+def test_merge_kernel_merges_more_splits_than_a_warp_has_lanes(splits):
     """> 32 splits: each lane walks several splits' LSEs (the <= 32 path keeps one per lane);
     request 1 uses fewer splits than max_splits, its tail partials are garbage that must not leak."""
     from splitkv.backends.cutlass import launch
@@ -197,7 +197,7 @@ def test_combine_kernel_merges_more_splits_than_a_warp_has_lanes(splits):
     lp[5, 0] = -math.inf  # a split that saw no key
     n = torch.tensor([S, S - 9], dtype=torch.int32, device="cuda")
     out, lse = torch.empty(B, T, H, D, dtype=torch.bfloat16, device="cuda"), torch.empty(B, H, T, device="cuda")
-    launch.combine(op, lp, n, out, lse)
+    launch.merge(op, lp, n, out, lse)
     for b in range(B):
         w = torch.softmax(lp[: int(n[b]), b].double(), dim=0)  # [s, H, T]
         ref = torch.einsum("sht,shtd->thd", w, op[: int(n[b]), b].double())
@@ -262,15 +262,15 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
 
 
 @needs_dsl
-def test_combine_arguments_land_on_the_right_kernel_parameters(monkeypatch):
+def test_merge_arguments_land_on_the_right_kernel_parameters(monkeypatch):
 
     from splitkv.backends.cutlass import launch
-    from splitkv.backends.cutlass.combine_kernel import CombineKernel
+    from splitkv.backends.cutlass.merge_kernel import MergeKernel
 
-    got, names = _record_launches(monkeypatch, CombineKernel, "_combine_launcher")
+    got, names = _record_launches(monkeypatch, MergeKernel, "_merge_launcher")
     o_part, lse_part = torch.zeros(5, 2, 4, 3, 128), torch.zeros(5, 2, 4, 3)
     out, lse = torch.empty(2, 3, 4, 128, dtype=torch.bfloat16), torch.empty(2, 4, 3)
-    launch.combine_(o_part, lse_part, torch.ones(2, dtype=torch.int32), out, lse, skip_single=True)
+    launch.merge_(o_part, lse_part, torch.ones(2, dtype=torch.int32), out, lse, skip_single=True)
     assert got["key"] == ("float32", "bfloat16", 128, "sm_90a") and len(got) == len(names) + 1
     assert (got["max_splits"], got["batch"], got["num_heads"], got["q_len"], got["skip_single"]) == (5, 2, 4, 3, 1)
     assert (got["s_ps"], got["s_pb"], got["s_ph"], got["s_pt"]) == o_part.stride()[:4]
@@ -280,7 +280,7 @@ def test_combine_arguments_land_on_the_right_kernel_parameters(monkeypatch):
 
 
 _SANITIZE_SNIPPET = """
-# every split variant (dtype x D x block_m x dense/paged x split/unsplit tile) and every combine variant
+# every split variant (dtype x D x block_m x dense/paged x split/unsplit tile) and every merge variant
 import math, torch, splitkv
 from helpers import make_inputs, to_paged, assert_close_to_reference
 from splitkv.backends.cutlass import config as C, launch as L
@@ -304,11 +304,11 @@ for pdt in (torch.float32, torch.float16, torch.bfloat16):  # merge_states feeds
             lp = torch.randn(S, B, H, T, device='cuda')
             lp[:, 1] = -math.inf
             out, lse = torch.empty(B, T, H, D, dtype=odt, device='cuda'), torch.empty(B, H, T, device='cuda')
-            L.combine(op, lp, torch.tensor([5, 2], dtype=torch.int32, device='cuda'), out, lse)
+            L.merge(op, lp, torch.tensor([5, 2], dtype=torch.int32, device='cuda'), out, lse)
             torch.cuda.synchronize()
             assert torch.all(out[1] == 0) and torch.isfinite(out[0]).all()
 names = {key[0] for key in L._PACKERS}
-want = {c.name for c in C.split_variants()} | {c.name for c in C.combine_variants()}
+want = {c.name for c in C.split_variants()} | {c.name for c in C.merge_variants()}
 print('ok', names >= want, len(names & want), 'of', len(want), 'variants')
 """
 
@@ -324,8 +324,8 @@ def test_compute_sanitizer_is_clean(tool):
     from splitkv.backends.cutlass import config as C
     from splitkv.backends.cutlass import launch as L
 
-    for cfg in C.split_variants() + C.combine_variants():  # fill the disk cache outside the sanitizer
-        (L.compile_split if isinstance(cfg, C.SplitConfig) else L.compile_combine)(cfg, "sm_90a")
+    for cfg in C.split_variants() + C.merge_variants():  # fill the disk cache outside the sanitizer
+        (L.compile_split if isinstance(cfg, C.SplitConfig) else L.compile_merge)(cfg, "sm_90a")
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
     # --report-api-errors no: on the H200 (2026-11-29) memcheck reported 34 errors whose host frames
@@ -346,9 +346,9 @@ def test_fused_merge_is_chosen_by_the_heuristic_and_needs_counters(monkeypatch):
     assert p.fuse and p.counters is not None and p.partials()[0] is not None
     one = splitkv.plan(sl, 8, 2, 128, num_splits=1, backend="cutlass")
     assert not one.fuse and one.partials() == (None, None)  # nothing split: nothing to merge
-    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_COMBINE_MAX_SPLITS", 3)
+    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_SPLITS", 3)
     p = splitkv.plan(sl, 8, 2, 128, num_splits=4, backend="cutlass")
-    assert not p.fuse and p.counters is None  # 4 splits > 3: the combine kernel merges
+    assert not p.fuse and p.counters is None  # 4 splits > 3: the merge kernel merges
     bi = splitkv.plan(sl, 8, 2, 128, batch_invariant=True, backend="cutlass")
     assert not bi.fuse and bi.tile.block_n == 64  # one merge path and one tile for every batch
 

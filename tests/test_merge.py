@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from splitkv.backends.triton import combine as triton_combine
+from splitkv.backends.triton import merge as triton_merge
 from splitkv.merge import merge_states, merge_states_n
 from splitkv.reference import decode_reference
 
@@ -106,8 +106,8 @@ def test_merge_n_is_order_free_and_pairwise_consistent():
         assert torch.allclose(o, o3, atol=1e-6) and torch.allclose(lse, l3, atol=1e-6)
 
 
-def test_triton_combine_reads_the_strided_view_merge_passes():
-    # merge_states_n hands the combine o [N, B, Sq, Hq, D] permuted to [N, B, Hq, Sq, D] (no copy);
+def test_triton_merge_reads_the_strided_view_merge_passes():
+    # merge_states_n hands the merge o [N, B, Sq, Hq, D] permuted to [N, B, Hq, Sq, D] (no copy);
     # the Triton kernel (interpreted here) must honour those strides as the GPU path does
     B, Sq, Hq, Hkv, D = 2, 2, 4, 2, 64
     q = torch.randn(B, Sq, Hq, D, generator=torch.Generator().manual_seed(10))
@@ -117,7 +117,7 @@ def test_triton_combine_reads_the_strided_view_merge_passes():
     view = o_parts.permute(0, 1, 3, 2, 4)
     assert not view.is_contiguous()
     out, lse = torch.empty(B, Sq, Hq, D), torch.empty(B, Hq, Sq)
-    triton_combine(view, l_parts, torch.full((B,), 3, dtype=torch.int32), out, lse)
+    triton_merge(view, l_parts, torch.full((B,), 3, dtype=torch.int32), out, lse)
     _check(out, lse, ro, rl, 1e-5)
 
 

@@ -4,7 +4,7 @@
   FlashAttention do); it is never turned into an empty row (o = 0, lse = -inf). Other rows are
   unaffected. A row with no visible key is o = 0, lse = -inf, whatever its q holds.
 * NaN in unused cache slots never reaches the output (make_inputs fills them with NaN).
-* merge_states / the combine: lse = NaN propagates; lse = -inf and lse = +inf (FlashAttention's
+* merge_states / the merge: lse = NaN propagates; lse = -inf and lse = +inf (FlashAttention's
   value for a row with no key) are empty (weight 0, o never read); all empty -> o = 0, lse = -inf.
 """
 
@@ -18,7 +18,7 @@ from helpers import make_inputs
 
 import splitkv
 from splitkv import backends
-from splitkv.backends.triton import combine as triton_combine
+from splitkv.backends.triton import merge as triton_merge
 from splitkv.merge import merge_states, merge_states_n
 from splitkv.reference import decode_reference
 
@@ -70,8 +70,8 @@ def test_torch_backend_nan_propagates(Sq, num_splits):
     _check(o, lse, q, k, v, sl)
 
 
-# 3 splits: the split kernel's fused merge; 9 (> heuristics.FUSED_COMBINE_MAX_SPLITS): the
-# combine kernel
+# 3 splits: the split kernel's fused merge; 9 (> heuristics.FUSED_MERGE_MAX_SPLITS): the
+# merge kernel
 @pytest.mark.parametrize("num_splits", [1, 3, 9])
 def test_triton_backend_nan_propagates(num_splits):
     q, k, v, sl = _poisoned()
@@ -92,7 +92,7 @@ def test_gpu_nan_propagates(backend, num_splits, Sq):
     _check(o, lse, q, k, v, sl)
 
 
-# ---- merge_states / the combine ------------------------------------------------------------------
+# ---- merge_states / the merge ------------------------------------------------------------------
 
 def _states(N, seed=0):
     """N reference states over disjoint key sets of one request batch, and the union's reference:
@@ -169,7 +169,7 @@ def test_merge_both_empty_is_zero_neg_inf():
     assert torch.allclose(out[1], o[0, 1], atol=1e-6) and torch.allclose(out_lse[1], lse[0, 1], atol=1e-6)
 
 
-def _combine_cases():
+def _merge_cases():
     """(o_part [S, B, H, T, D], lse_part [S, B, H, T]) with, per row of request 0: head 0 a NaN
     partial, head 1 a +inf partial with NaN o, head 2 every partial empty (+inf / -inf, NaN o),
     head 3 clean; request 1 clean. Returns the partials and the expected (o, lse) by the formula."""
@@ -184,7 +184,7 @@ def _combine_cases():
     return o_part, l_part
 
 
-def _check_combine(out, out_lse, o_part, l_part, atol=1e-5):
+def _check_merge(out, out_lse, o_part, l_part, atol=1e-5):
     o_part, l_part = o_part.double(), l_part.double()
     assert torch.isnan(out[0, 0, 0]).all() and torch.isnan(out_lse[0, 0, 0])  # NaN partial
     assert torch.all(out[0, 0, 2] == 0) and out_lse[0, 2, 0] == -INF  # all empty
@@ -198,28 +198,28 @@ def _check_combine(out, out_lse, o_part, l_part, atol=1e-5):
         assert (out[b, 0, h].double() - want).abs().max() < atol and abs(out_lse[b, h, 0] - lt) < 1e-5
 
 
-def test_torch_combine_nan_and_inf_partials():
-    o_part, l_part = _combine_cases()
+def test_torch_merge_nan_and_inf_partials():
+    o_part, l_part = _merge_cases()
     out, out_lse = torch.empty(2, 1, 4, 64), torch.empty(2, 4, 1)
-    backends.get("torch").combine(o_part, l_part, torch.full((2,), 3, dtype=torch.int32), out, out_lse)
-    _check_combine(out, out_lse, o_part, l_part)
+    backends.get("torch").merge(o_part, l_part, torch.full((2,), 3, dtype=torch.int32), out, out_lse)
+    _check_merge(out, out_lse, o_part, l_part)
 
 
-def test_triton_combine_nan_and_inf_partials():
-    o_part, l_part = _combine_cases()
+def test_triton_merge_nan_and_inf_partials():
+    o_part, l_part = _merge_cases()
     out, out_lse = torch.empty(2, 1, 4, 64), torch.empty(2, 4, 1)
-    triton_combine(o_part, l_part, torch.full((2,), 3, dtype=torch.int32), out, out_lse)
-    _check_combine(out, out_lse, o_part, l_part)
+    triton_merge(o_part, l_part, torch.full((2,), 3, dtype=torch.int32), out, out_lse)
+    _check_merge(out, out_lse, o_part, l_part)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "cutlass"])
-def test_gpu_combine_nan_and_inf_partials(backend):
+def test_gpu_merge_nan_and_inf_partials(backend):
     if backend == "cutlass" and not backends.cutlass_available():
         pytest.skip("cutlass backend not available")
-    o_part, l_part = _combine_cases()
+    o_part, l_part = _merge_cases()
     out = torch.empty(2, 1, 4, 64, device="cuda", dtype=torch.float16 if backend == "cutlass" else torch.float32)
     out_lse = torch.empty(2, 4, 1, device="cuda")
-    backends.get(backend).combine(o_part.cuda(), l_part.cuda(), torch.full((2,), 3, dtype=torch.int32, device="cuda"),
+    backends.get(backend).merge(o_part.cuda(), l_part.cuda(), torch.full((2,), 3, dtype=torch.int32, device="cuda"),
                                   out, out_lse)
-    _check_combine(out.float().cpu(), out_lse.cpu(), o_part, l_part, atol=2e-3 if backend == "cutlass" else 1e-5)
+    _check_merge(out.float().cpu(), out_lse.cpu(), o_part, l_part, atol=2e-3 if backend == "cutlass" else 1e-5)

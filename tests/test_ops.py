@@ -34,7 +34,7 @@ def _step(q, k, v, seqlens, block_table=None, num_splits=None, softmax_scale=Non
     return o * 2 + 1, lse
 
 
-def test_opcheck_decode_and_combine():
+def test_opcheck_decode_and_merge():
     q, k, v, sl = make_inputs(2, 2, 8, 2, 64, [37, 5], torch.float32)
     torch.library.opcheck(torch.ops.splitkv.decode.default, (q, k, v, sl, None, True, None, 2, "torch"))
     kp, vp, bt = to_paged(k, v, [37, 5], 16)
@@ -42,7 +42,7 @@ def test_opcheck_decode_and_combine():
     o = torch.randn(3, 2, 2, 4, 64).permute(0, 1, 3, 2, 4)  # strided [S, B, H, T, D] view of [S, B, T, H, D]
     lse = torch.randn(3, 2, 4, 2)
     n = torch.tensor([3, 1], dtype=torch.int32)
-    torch.library.opcheck(torch.ops.splitkv.combine.default, (o, lse, n))
+    torch.library.opcheck(torch.ops.splitkv.merge.default, (o, lse, n))
 
 
 def test_compile_inductor_fullgraph_equals_eager_and_reference():

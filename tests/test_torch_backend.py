@@ -1,5 +1,5 @@
 """The torch backend's two paths: `run_fast` (ATen's CPU flash kernel, one pass per request) and
-`run_spec` (the vectorised split/combine spec). They must give the same results to rounding on
+`run_spec` (the vectorised split/merge spec). They must give the same results to rounding on
 every input the contract covers — dense and paged (shuffled pages, garbage table entries),
 GQA / MQA / MHA, causal Sq up to 16, empty requests and rows, NaN — so the two cannot drift; and
 `run` must pick the spec path exactly where partials are observable."""
@@ -18,7 +18,7 @@ from splitkv.reference import decode_reference
 
 NAN, INF = math.nan, math.inf
 # |fast - spec|: both are fp32 softmaxes of the same scores; the fast path rounds o to q's dtype once
-# (twice on the causal Sq > 1 merge), the spec once after its fp32 combine: a couple of ulps
+# (twice on the causal Sq > 1 merge), the spec once after its fp32 merge: a couple of ulps
 TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
@@ -187,7 +187,7 @@ def test_run_picks_spec_path_where_partials_are_observable(monkeypatch):
     assert calls == ["fast", "fast", "spec", "spec"]
 
 
-def test_captured_partials_combine_to_the_output():
+def test_captured_partials_merge_to_the_output():
     # under capture_partials an auto plan that splits runs the spec path: its partials are real
     q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [3000, 900], torch.float32)
     with splitkv.debug.capture_partials() as recs:
@@ -195,7 +195,7 @@ def test_captured_partials_combine_to_the_output():
     rec = recs[0]
     assert rec.o_part is not None and int(rec.num_splits.max()) > 1
     out, out_lse = torch.empty_like(o), torch.empty_like(lse)
-    tb.combine(rec.o_part, rec.lse_part, rec.num_splits, out, out_lse)
+    tb.merge(rec.o_part, rec.lse_part, rec.num_splits, out, out_lse)
     assert torch.equal(out, o) and torch.equal(out_lse, lse)
     fast = splitkv.decode(q, k, v, sl, backend="torch", return_lse=True)
     _same(fast, (o, lse), torch.float32)

@@ -26,7 +26,7 @@ def test_all_variants_compile_for_sm90():
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(res.stdout.strip().splitlines()[-1])
     split = [r for r in rows if r["kernel"] == "split"]
-    assert len(split) >= 30 and any(r["kernel"] == "combine" for r in rows)
+    assert len(split) >= 30 and any(r["kernel"] == "merge" for r in rows)
     for r in split:
         if r["HEAD_DIM"] <= 128 and r["BLOCK_M"] <= 32:
             assert r["spill_bytes"] == 0, r

@@ -63,7 +63,7 @@ def _names(**kw):
 
 
 def test_compile_variants_default_is_every_variant():
-    every = {c.name for c in config.split_variants()} | {c.name for c in config.combine_variants()}
+    every = {c.name for c in config.split_variants()} | {c.name for c in config.merge_variants()}
     assert _names() == every
 
 
@@ -72,7 +72,7 @@ def test_compile_variant_filters_select_the_model_subset():
     # GQA 4 x Sq 1 / 4 = 4 / 16 rows -> block_m 16; split (n64 s3) and unsplit (n128 s2) dense tiles, paged n64 s3
     assert names == {"split_bfloat16_d128_m16_n64_s3_dense", "split_bfloat16_d128_m16_n128_s2_dense",
                      "split_bfloat16_d128_m16_n64_s3_paged",
-                     "combine_float32_to_bfloat16_d128", "combine_bfloat16_to_bfloat16_d128"}
+                     "merge_float32_to_bfloat16_d128", "merge_bfloat16_to_bfloat16_d128"}
     # the query tile follows group size x Sq: 8 x 4 = 32 rows, 8 x 16 = 128 rows (capped at 64)
     sel = compile_cli.variants(head_dims=(256,), group_sizes=(8,), q_lens=(4, 16), layouts=("paged",))
     cfgs = [config.SplitConfig(*f) for k, f in sel if k == "split"]
@@ -84,7 +84,7 @@ def test_compile_variant_filters_select_the_model_subset():
     with pytest.raises(ValueError, match="^q_lens"):
         compile_cli.variants(q_lens=(1,))
     # --only still applies on top
-    assert _names(head_dims=(64,), only="combine_float32") == {f"combine_float32_to_{dt}_d64" for dt in config.DTYPES}
+    assert _names(head_dims=(64,), only="merge_float32") == {f"merge_float32_to_{dt}_d64" for dt in config.DTYPES}
 
 
 def test_compile_cli_argument_errors(capsys):

@@ -1,12 +1,12 @@
-"""The split/combine algorithm in PyTorch: the CPU backend and the readable spec.
+"""The split/merge algorithm in PyTorch: the CPU backend and the readable spec.
 
 Two paths, the same results to rounding (tests/test_torch_backend.py pins them together):
 
 * `run_spec` — the specification. Every split of every request runs at once: keys are gathered
   into a padded [B, S, C] grid (S = plan.max_splits, C = longest split), masked, and reduced with
   an exact softmax per split in fp32. Partials go to the plan's workspace in the shared layout
-  (o_part [S, B, Hq, Sq, D], lse_part [S, B, Hq, Sq]) and `combine` merges them exactly as the GPU
-  combine kernel does. `run` takes it whenever the partials are observable: under
+  (o_part [S, B, Hq, Sq, D], lse_part [S, B, Hq, Sq]) and `merge` merges them exactly as the GPU
+  merge kernel does. `run` takes it whenever the partials are observable: under
   splitkv.debug.capture_partials, and for plans with a forced num_splits > 1.
 * `run_fast` — what a CPU call runs otherwise. On a CPU, splitting a request buys no parallelism
   (the attention op already spreads KV heads over the cores) and the padded grid, the gathers and
@@ -18,14 +18,14 @@ Two paths, the same results to rounding (tests/test_torch_backend.py pins them t
   KV head). Contiguous caches and runs of consecutive pages are read in place (strided views);
   other paged requests gather their used pages once. Causal Sq > 1: the keys every query sees go
   through the kernel, the <= Sq - 1 newest keys (seen by some queries only) through the spec's
-  masked softmax, and `combine` merges the two states (no additive mask: NaN + -inf would let a
+  masked softmax, and `merge` merges the two states (no additive mask: NaN + -inf would let a
   NaN in a key a query does not see reach it). One request per kernel call (requests of equal
   length in a contiguous cache share one unless the plan is batch-invariant), so a request's
   result is bitwise independent of the rest of the batch; the kernel is deterministic.
 
 Deterministic: the same inputs give bitwise the same outputs.
 NaN in q or in a used key / value propagates to o and lse (as in SDPA); only a row with no
-visible key is o = 0, lse = -inf. The combine takes lse = -inf or +inf (FlashAttention's "no
+visible key is o = 0, lse = -inf. The merge takes lse = -inf or +inf (FlashAttention's "no
 key") as an empty partial (weight exactly 0, o never read) and propagates a NaN lse.
 """
 
@@ -100,7 +100,7 @@ def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, caus
     return o, lse
 
 
-def combine(o_part, lse_part, num_splits, out, lse_out):
+def merge(o_part, lse_part, num_splits, out, lse_out):
     """Exact merge of split partials: out [B, Sq, Hq, D], lse_out [B, Hq, Sq].
 
     o_part [S, B, Hq, Sq, D], lse_part [S, B, Hq, Sq]; only the first num_splits[b] splits of a
@@ -132,7 +132,7 @@ def _request_plan(max_splits, num_splits, chunk_lens, num_kv_heads, qhead_per_kv
 
 
 def run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
-    """The spec path: every split of the plan, partials in the workspace when it has one, combine."""
+    """The spec path: every split of the plan, partials in the workspace when it has one, merge."""
     if plan.batch_invariant and q.shape[0] > 1:
         # one request at a time: the padded split grid (and so every reduction's shape and order)
         # is then the request's own, whatever else is in the batch
@@ -150,7 +150,7 @@ def run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_
         o_part.copy_(o_s)
         lse_part.copy_(lse_s)
         o_s, lse_s = o_part, lse_part
-    combine(o_s, lse_s, plan.num_splits, out, lse)
+    merge(o_s, lse_s, plan.num_splits, out, lse)
 
 
 # ---- the fast path -------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def _attend(q, k, v, out, lse, scale):
 def _causal_one(q, k, v, out, lse, scale):
     """Causal Sq > 1 for one request (q [1, Sq, Hq, D], k/v [1, L, Hkv, D]): query t sees keys
     0 .. L - Sq + t. The keys every query sees (0 .. L - Sq) take one kernel pass, the Sq - 1 newest
-    the spec's masked softmax; combine merges the two (an empty part weighs nothing)."""
+    the spec's masked softmax; `merge` takes both states (an empty part weighs nothing)."""
     Sq, Hq, D = q.shape[1:]
     L = k.shape[1]
     shared = L - Sq + 1
@@ -207,7 +207,7 @@ def _causal_one(q, k, v, out, lse, scale):
                          scale, True)
     o_p[1].copy_(o1[0])
     lse_p[1].copy_(lse1[0])
-    combine(o_p, lse_p, torch.full((1,), 2, dtype=torch.int32), out, lse)
+    merge(o_p, lse_p, torch.full((1,), 2, dtype=torch.int32), out, lse)
 
 
 def run_fast(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
@@ -233,7 +233,7 @@ def run_fast(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, sc
 
 def spec_wanted(plan) -> bool:
     """The spec path runs where its partials can be observed: under debug.capture_partials, and
-    for a forced num_splits > 1 (the caller asked for split/combine)."""
+    for a forced num_splits > 1 (the caller asked for split/merge)."""
     return debug.active() or (getattr(plan, "forced", None) or 1) > 1
 
 

@@ -68,7 +68,7 @@ def byte_model(seqlens, num_q_heads: int, num_kv_heads: int, head_dim: int, q_le
         K + V of the valid positions: 2 * sum(seqlens) * Hkv * D * elem_bytes  (read once each)
         q and o:                      2 * B * Sq * Hq * D * elem_bytes          (read q, write o)
 
-    Not counted: split partials and their combine (our overhead, not work), lse, block tables and
+    Not counted: split partials and their merge (our overhead, not work), lse, block tables and
     lengths (a few bytes per page), positions a provider reads past the valid length, and for
     Sq > 1 the causal mask (every valid key is still read once). The same model is used for every
     provider, so TB/s compares time for the same work.

@@ -1,14 +1,14 @@
 """CuTe DSL backend (optional extra: `pip install 'splitkv[cutlass]'`, nvidia-cutlass-dsl==4.3.5).
 
     run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
-    combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False)
+    merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False)
 
 Same plan, workspace and semantics as the torch and Triton backends (see split_kernel.py and
-combine_kernel.py). Importing this package never imports the DSL: `import splitkv` works without
-it, and calling run/combine without it raises a RuntimeError saying how to install it.
+merge_kernel.py). Importing this package never imports the DSL: `import splitkv` works without
+it, and calling run/merge without it raises a RuntimeError saying how to install it.
 
 Modules: config (pure-Python configs, tile rule, variant list), cache (compile cache), argpack
-(fast host argument packing), launch (glue), split_kernel / combine_kernel (kernel classes), and
+(fast host argument packing), launch (glue), split_kernel / merge_kernel (kernel classes), and
 the device helpers layouts, paging, mainloop, softmax, epilogue.
 """
 
@@ -61,8 +61,8 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
     return _launch().bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
 
 
-def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
-    _launch().combine(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)
+def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
+    _launch().merge(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)
 
 
-__all__ = ["run", "bind", "combine", "available", "layout_ok", "rows_aligned", "INSTALL_HINT"]
+__all__ = ["run", "bind", "merge", "available", "layout_ok", "rows_aligned", "INSTALL_HINT"]

@@ -100,8 +100,8 @@ class SplitConfig:
 
 
 @dataclass(frozen=True)
-class CombineConfig:
-    """One compiled combine kernel: one warp per output row (request, query head, token)."""
+class MergeConfig:
+    """One compiled merge kernel: one warp per output row (request, query head, token)."""
 
     part_dtype: str
     out_dtype: str
@@ -119,7 +119,7 @@ class CombineConfig:
 
     @property
     def name(self) -> str:
-        return f"combine_{self.part_dtype}_to_{self.out_dtype}_d{self.head_dim}{'' if self.pdl else '_nopdl'}"
+        return f"merge_{self.part_dtype}_to_{self.out_dtype}_d{self.head_dim}{'' if self.pdl else '_nopdl'}"
 
 
 # sm90 allows 227 KB of dynamic shared memory per block.
@@ -145,6 +145,6 @@ def split_variants() -> list[SplitConfig]:
     return list({c.name: c for c in every}.values())
 
 
-def combine_variants() -> list[CombineConfig]:
-    """Every combine kernel: fp32 partials from our split kernel, fp16/bf16 from merge_states users."""
-    return [CombineConfig(p, o, d) for p in PART_DTYPES for o in DTYPES for d in HEAD_DIMS]
+def merge_variants() -> list[MergeConfig]:
+    """Every merge kernel: fp32 partials from our split kernel, fp16/bf16 from merge_states users."""
+    return [MergeConfig(p, o, d) for p in PART_DTYPES for o in DTYPES for d in HEAD_DIMS]

@@ -1,5 +1,5 @@
-"""Fused combine of the CuTe DSL split kernel: the last split CTA of each (request, KV head,
-m-tile) to finish merges the tile's partials itself, so no combine kernel follows.
+"""Fused merge of the CuTe DSL split kernel: the last split CTA of each (request, KV head,
+m-tile) to finish merges the tile's partials itself, so no merge kernel follows.
 
 Arrival: every thread has stored its partials (epilogue.merge_and_store); fence.acq_rel.gpu and a
 CTA barrier order those stores before thread 0's atom.acq_rel.gpu.add on the tile's counter
@@ -9,9 +9,9 @@ replay) and merges. The counter decides only which CTA merges, never the arithme
 
 Merge: the same items as the epilogue (row, 4 columns) spread over the CTA's threads, so the whole
 CTA works (Triton's fused merge walks the splits of a row serially, one L2 round trip each, and
-loses past 8 splits: heuristics.FUSED_COMBINE_MAX_SPLITS). Each item walks the splits in chunks of
-CHUNK with every load of a chunk issued before any is used, and rescales its running state between
-chunks (online softmax over splits). Split order is fixed: deterministic. Semantics as the combine
+loses past 8 splits: heuristics.FUSED_MERGE_MAX_SPLITS). Each item walks the splits in groups of
+SPLIT_GROUP with every load of a group issued before any is used, and rescales its running state between
+groups (online softmax over splits). Split order is fixed: deterministic. Semantics as the merge
 kernel: an empty partial (lse -inf, or +inf) weighs exactly 0 and contributes nothing (selected
 away, so its o cannot leak NaN); a row whose every partial is empty gets o = 0, lse = -inf; a NaN
 partial (NaN in q or a used key / value) makes the row's o and lse NaN (fmax drops the NaN from
@@ -28,7 +28,7 @@ from splitkv.backends.cutlass.epilogue import VEC, tile_items
 from splitkv.backends.cutlass.paging import gmem_vec
 from splitkv.constants import LOG2E
 
-CHUNK = 8  # splits whose loads are in flight together per item
+SPLIT_GROUP = 8  # splits whose loads are in flight together per item
 
 
 @dsl_user_op
@@ -73,10 +73,10 @@ def merge_partials(outs, n_splits: Int32, tidx: Int32, row0: Int32, num_rows: In
             total = Float32(0.0)
             acc = cute.make_rmem_tensor((VEC,), Float32)
             acc.fill(0.0)
-            for s0 in cutlass.range(0, n_splits, CHUNK, unroll=1):
-                lv = cute.make_rmem_tensor((CHUNK,), Float32)
-                ov = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(CHUNK)]
-                for j in cutlass.range_constexpr(CHUNK):
+            for s0 in cutlass.range(0, n_splits, SPLIT_GROUP, unroll=1):
+                lv = cute.make_rmem_tensor((SPLIT_GROUP,), Float32)
+                ov = [cute.make_rmem_tensor((VEC,), Float32) for _ in range(SPLIT_GROUP)]
+                for j in cutlass.range_constexpr(SPLIT_GROUP):
                     # past n_splits: re-read the last split (a valid address), selected away below
                     s = Int64(cutlass.min(s0 + j, n_splits - 1))
                     g = gmem_vec(Float32, l_row + s * sl[0] * 4, 1, 4)
@@ -85,14 +85,14 @@ def merge_partials(outs, n_splits: Int32, tidx: Int32, row0: Int32, num_rows: In
                     lv[j] = cutlass.select_(s0 + j < n_splits, l_s, -Float32.inf)
                     ov[j].store(gmem_vec(Float32, o_row + s * sp[0] * 4, VEC, 4 * VEC).load())
                 m_new = m_run
-                for j in cutlass.range_constexpr(CHUNK):
+                for j in cutlass.range_constexpr(SPLIT_GROUP):
                     m_new = cute.arch.fmax(m_new, lv[j])
                 m_use = 0.0 if m_new == -Float32.inf else m_new
                 rescale = cute.math.exp2((m_run - m_use) * LOG2E, fastmath=True)  # m_run = -inf -> 0
                 total = total * rescale
                 for e in cutlass.range_constexpr(VEC):
                     acc[e] = acc[e] * rescale
-                for j in cutlass.range_constexpr(CHUNK):
+                for j in cutlass.range_constexpr(SPLIT_GROUP):
                     w = cute.math.exp2((lv[j] - m_use) * LOG2E, fastmath=True)
                     total = total + w
                     live = w != 0.0  # unordered: a NaN weight is live (poisons the row), 0 is not

@@ -2,8 +2,8 @@
 arguments, launch. No decisions: the tile (block_m, block_n, stages), the split table and whether
 the merge is fused all come from the plan (splitkv/plan.py, from heuristics.py).
 
-Three levels, as everywhere in splitkv: compile_split / compile_combine (cached compile) ->
-split_ / combine_ (out-parameter ops) -> run / combine (the backend contract).
+Three levels, as everywhere in splitkv: compile_split / compile_merge (cached compile) ->
+split_ / merge_ (out-parameter ops) -> run / merge (the backend contract).
 """
 
 import functools
@@ -13,7 +13,7 @@ import torch
 from splitkv.backends.cutlass import rows_aligned
 from splitkv.backends.cutlass.argpack import Packer
 from splitkv.backends.cutlass.cache import CACHE
-from splitkv.backends.cutlass.config import CombineConfig, SplitConfig
+from splitkv.backends.cutlass.config import MergeConfig, SplitConfig
 from splitkv.constants import LOG2E
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -33,7 +33,7 @@ def fake_split_args():
     return [Int64(0)] * 12 + [Int32(0)] * 9 + [Int64(0)] * 22 + [Float32(0.0), cute.runtime.make_fake_stream()]
 
 
-def fake_combine_args():
+def fake_merge_args():
     import cutlass.cute as cute
     from cutlass import Int32, Int64
 
@@ -46,10 +46,10 @@ def build_split(cfg: SplitConfig):
     return SplitKernel(cfg), fake_split_args()
 
 
-def build_combine(cfg: CombineConfig):
-    from splitkv.backends.cutlass.combine_kernel import CombineKernel
+def build_merge(cfg: MergeConfig):
+    from splitkv.backends.cutlass.merge_kernel import MergeKernel
 
-    return CombineKernel(cfg), fake_combine_args()
+    return MergeKernel(cfg), fake_merge_args()
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,8 +64,8 @@ def _split_launcher(dtype: str, head_dim: int, block_m: int, block_n: int, stage
 
 
 @functools.lru_cache(maxsize=None)
-def _combine_launcher(part_dtype: str, out_dtype: str, head_dim: int, arch: str) -> Packer:
-    return compile_combine(CombineConfig(part_dtype, out_dtype, head_dim), arch)
+def _merge_launcher(part_dtype: str, out_dtype: str, head_dim: int, arch: str) -> Packer:
+    return compile_merge(MergeConfig(part_dtype, out_dtype, head_dim), arch)
 
 
 def _launcher(cfg, arch: str, build) -> Packer:
@@ -80,8 +80,8 @@ def compile_split(cfg: SplitConfig, arch: str) -> Packer:
     return _launcher(cfg, arch, build_split)
 
 
-def compile_combine(cfg: CombineConfig, arch: str) -> Packer:
-    return _launcher(cfg, arch, build_combine)
+def compile_merge(cfg: MergeConfig, arch: str) -> Packer:
+    return _launcher(cfg, arch, build_merge)
 
 
 _STREAMS: dict[int, object] = {}
@@ -159,13 +159,13 @@ def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, l
                      float(scale) * LOG2E, _stream(index)]
 
 
-def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: CombineConfig | None = None):
-    """Out-parameter combine op: out [B, T, H, D], lse [B, H, T] <- merge of the partials."""
+def merge_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: MergeConfig | None = None):
+    """Out-parameter merge op: out [B, T, H, D], lse [B, H, T] <- merge of the partials."""
     S, B, H, T, D = o_part.shape
     if B * H * T == 0:
         return
     if o_part.dtype not in _DTYPE_NAMES or out.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"o_part/out: backend 'cutlass' combines fp32/fp16/bf16 partials into fp16/bf16, "
+        raise TypeError(f"o_part/out: backend 'cutlass' merges fp32/fp16/bf16 partials into fp16/bf16, "
                         f"got {o_part.dtype} -> {out.dtype}")
     if lse_part.dtype != torch.float32 or lse.dtype != torch.float32:
         raise TypeError(f"lse_part/lse: expected float32, got {lse_part.dtype} / {lse.dtype}")
@@ -175,11 +175,11 @@ def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: 
     index = _device_index(out)
     arch = _arch(index)
     if cfg is None:
-        launch = _combine_launcher(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D, arch)
+        launch = _merge_launcher(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D, arch)
     elif (cfg.part_dtype, cfg.out_dtype, cfg.head_dim) != (_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], D):
         raise ValueError(f"cfg: {cfg} does not match the inputs")
     else:
-        launch = compile_combine(cfg, arch)
+        launch = compile_merge(cfg, arch)
     launch(o_part.data_ptr(), lse_part.data_ptr(), num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(),
            S, B, H, T, int(skip_single),
            *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride(),
@@ -187,7 +187,7 @@ def combine_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: 
 
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
-    """The backend contract (see splitkv.backends): split kernel, then combine for split requests."""
+    """The backend contract (see splitkv.backends): split kernel, then merge for split requests."""
     if q.shape[0] == 0:
         return
     if q.device.type != "cuda":
@@ -224,21 +224,21 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part
                ptr_o, lse.data_ptr(), plan.counters.data_ptr() if plan.fuse and parts else 0, *mid,
                _stream(q.device.index))
     if o_part is not None and not plan.fuse:
-        combine_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
+        merge_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
 
 
-def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
+def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
     if out.device.type != "cuda":
         raise ValueError(f"out: backend 'cutlass' needs CUDA tensors, got {out.device}")
     with torch.cuda.device(out.device):
-        combine_(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)
+        merge_(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)
 
 
 def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
     """launch(stream, q, k, v, lens, table, out, lse data pointers; table = lens when not paged)
     for calls laid out as this one, which run() has launched (checked, compiled) already, with
     16-byte aligned pointers (the caller checks each call's); None where only run() can launch
-    (another current device, a combine launch to follow, the DSL's own packing)."""
+    (another current device, a merge launch to follow, the DSL's own packing)."""
     if q.shape[0] == 0 or q.device.index != torch.cuda.current_device():
         return None
     hit = plan.launches.entries.get(_call_key(q, k_cache, v_cache, block_table, out, scale, causal, 0, 0))

@@ -30,11 +30,11 @@ Design (4 warps, see config.SplitConfig):
     block-table load each) before issuing their copies, so the table loads overlap.
 Measured alternatives (H200, bf16 D 128, CUDA-graph replay, 2026-11-29; benchmarks/gpu_cutlass.py
 --phases pdl, results/2026-11-29-h200-s2/cutlass_ab_*.json):
-  * merge: fused here (fused_merge.py) vs a combine launch: B=1 GQA 4K 9.7 vs 10.6 us, B=1 MHA 4K
+  * merge: fused here (fused_merge.py) vs a merge launch: B=1 GQA 4K 9.7 vs 10.6 us, B=1 MHA 4K
     20.9 vs 21.8, B=1 GQA 128K 125.1 vs 127.9, B=4 GQA 32K 123.9 vs 126.9; B=1 64/8 4K 11.5 vs
     11.3 and B=1 GQA 32K 38.0 vs 37.8 (noise level) -> fused for every split count;
   * programmatic dependent launch (griddepcontrol.wait / launch_dependents at the first
-    instruction) vs plain launches, both with the combine kernel: -0.3..-2.1 us per decode over two
+    instruction) vs plain launches, both with the merge kernel: -0.3..-2.1 us per decode over two
     runs (B=1 GQA 4K 10.6 vs 11.3, B=1 MHA 4K 21.8 vs 23.2, B=1 GQA 128K 127.9 vs 130.0);
     unsplit B=64 / B=16 shapes: within 1% (B=64 GQA 32K 1904 vs 1920);
   * the split kernel alone costs 7.3 us at B=1 GQA 4K (floor 3.6 us at 4.6 TB/s): the rest of the
@@ -112,7 +112,7 @@ class SplitKernel:
 
         if cutlass.const_expr(cfg.pdl):
             # PDL: the previous grid's writes (q, the cache, the plan) are visible after the wait;
-            # the combine may launch now (it waits for this grid the same way)
+            # the merge may launch now (it waits for this grid the same way)
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
         # the three per-request scalars in one round trip (every b < batch is in bounds)
@@ -132,7 +132,7 @@ class SplitKernel:
             sQ = smem.allocate_tensor(self.dtype, layouts.smem_tile(BM, D), 1024)
             # one region: the K and V rings, later overlaid by the epilogue's fp32 scratch
             ring = smem.allocate(cfg.smem_bytes - BM * D * cfg.elem_bytes - 1024, 1024)
-            sFlag = smem.allocate_tensor(Int32, cute.make_layout(1), 4)  # fused combine: "this CTA is last"
+            sFlag = smem.allocate_tensor(Int32, cute.make_layout(1), 4)  # fused merge: "this CTA is last"
             kv_layout = layouts.smem_tile(BN, D, ST)
             sK = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype), kv_layout)
             sV = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype) + cute.cosize(kv_layout), kv_layout)
@@ -207,7 +207,7 @@ class SplitKernel:
                            lse_strides, o_part, part_strides, lse_part, lpart_strides)
             merge_and_store(sRed, sMax, sSum, outs, tidx, row0, num_rows, BM, D, WN)
             if n_splits > 1:
-                if fuse != 0:  # the launch chose the fused combine (heuristics.CUTLASS_FUSED_COMBINE_MAX_SPLITS)
+                if fuse != 0:  # the launch chose the fused merge (heuristics.CUTLASS_FUSED_MERGE_MAX_SPLITS)
                     if is_last_arrival(counters + Int64(pid) * 4, n_splits, sFlag, tidx):
                         final = Outputs(self.dtype, True, b, kvh, split, group, out, out_strides, lse,
                                         lse_strides, o_part, part_strides, lse_part, lpart_strides)

@@ -1,5 +1,5 @@
-"""Triton backend: split kernel + combine kernel (portable path; runs under TRITON_INTERPRET=1)."""
+"""Triton backend: split kernel + merge kernel (portable path; runs under TRITON_INTERPRET=1)."""
 
-from .launch import bind, combine, run
+from .launch import bind, merge, run
 
-__all__ = ["run", "bind", "combine"]
+__all__ = ["run", "bind", "merge"]

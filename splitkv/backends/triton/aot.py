@@ -1,7 +1,7 @@
 """Ahead-of-time compile of the Triton kernels for a GPU target on a machine without one.
 
 Catches compile errors (and reports registers/spills) on the CPU: `python -m splitkv.backends.triton.aot`
-compiles every split/combine variant the planner can pick, for sm_90. Must run without
+compiles every split/merge variant the planner can pick, for sm_90. Must run without
 TRITON_INTERPRET (the interpreter replaces @triton.jit functions with Python ones).
 """
 
@@ -99,11 +99,11 @@ def split_variants():
         G, SQ = (rows, 1) if rows <= 16 else (16, rows // 16)
         yield dict(NUM_KV_HEADS=8, M_TILES=H.query_tiles(rows, tile.block_m), G=G, SQ=SQ, HEAD_DIM=D,
                    BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
-                   CAUSAL=causal, UPCAST=False, FUSED_COMBINE=splitting), tile
+                   CAUSAL=causal, UPCAST=False, FUSED_MERGE=splitting), tile
 
 
 def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> list[dict]:
-    from .combine_kernel import combine_kernel
+    from .merge_kernel import merge_kernel
     from .split_kernel import split_kernel
 
     ptr, f32 = f"*{dtype}", "*fp32"
@@ -117,10 +117,10 @@ def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> li
                          **_resources(k, arch)))
     for D in (64, 128, 256):
         cx = dict(NUM_HEADS=32, T=1, HEAD_DIM=D, BLOCK_S=16, SKIP_SINGLE=True)
-        sig = {n: "i32" for n in combine_kernel.arg_names if n not in cx}
+        sig = {n: "i32" for n in merge_kernel.arg_names if n not in cx}
         sig.update(O_PART=f32, LSE_PART=f32, NSPLITS="*i32", O=ptr, LSE=f32)
-        k = _compile(combine_kernel, sig, cx, arch, 4, 1)
-        rows.append(dict(kernel="combine", HEAD_DIM=D, **_resources(k, arch)))
+        k = _compile(merge_kernel, sig, cx, arch, 4, 1)
+        rows.append(dict(kernel="merge", HEAD_DIM=D, **_resources(k, arch)))
     if verbose:
         for r in rows:
             print(r)

@@ -7,19 +7,19 @@ from __future__ import annotations
 import os
 
 from ...constants import LOG2E
-from .combine_kernel import combine_kernel
 from .fastlaunch import Bound, FastLauncher, direct
+from .merge_kernel import merge_kernel
 from .schedule_kernel import schedule_kernel
 from .split_kernel import split_kernel
 
 _split = FastLauncher(split_kernel)
-_combine = FastLauncher(combine_kernel)
+_merge = FastLauncher(merge_kernel)
 _schedule = FastLauncher(schedule_kernel)
 _MODES = {"auto": 0, "forced": 1, "fixed": 2}
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read when triton is imported, as Triton does
 
 
-def _combine_block_s(max_splits: int) -> int:
+def _merge_block_s(max_splits: int) -> int:
     return min(16, 1 << max(0, (max_splits - 1).bit_length()))
 
 
@@ -44,15 +44,15 @@ def schedule(cache_seqlens, sched, rule, bound: Bound | None = None) -> None:
                  (cache_seqlens.data_ptr() & 15) == 0, build)
 
 
-def combine(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
+def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
     """out [B, T, H, D], lse [B, H, T] <- merge of o_part [S, B, H, T, D], lse_part [S, B, H, T]."""
     S, B, H, T, D = o_part.shape
     if B * H * T == 0:
         return
-    _combine((B * H * T,), (o_part, lse_part, num_splits, out, lse),
+    _merge((B * H * T,), (o_part, lse_part, num_splits, out, lse),
              (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2),
               *lse.stride()),
-             dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_combine_block_s(S), SKIP_SINGLE=skip_single),
+             dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_merge_block_s(S), SKIP_SINGLE=skip_single),
              4 if D >= 128 else 2, 1)
 
 
@@ -92,27 +92,27 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         cx = dict(NUM_KV_HEADS=plan.num_kv_heads, M_TILES=plan.m_tiles, G=plan.qhead_per_kvhead, SQ=Sq,
                   HEAD_DIM=D, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                   PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged, CAUSAL=bool(causal and Sq > 1),
-                  UPCAST=_INTERPRET, FUSED_COMBINE=plan.fuse)
+                  UPCAST=_INTERPRET, FUSED_MERGE=plan.fuse)
         return _split, scalars, cx, tile.num_warps, tile.num_stages
 
     plan.launches.launch(("split", key), grid, tensors, aligned, build)
     if parts and not plan.fuse:
         S, _, H, T, _ = o_part.shape
 
-        def build_combine():
-            return (_combine, (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1),
+        def build_merge():
+            return (_merge, (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1),
                                out.stride(2), *lse.stride()),
-                    dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_combine_block_s(S), SKIP_SINGLE=True),
+                    dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_merge_block_s(S), SKIP_SINGLE=True),
                     4 if D >= 128 else 2, 1)
 
-        plan.launches.launch(("combine", out.stride(), lse.stride()), (B * H * T,),
-                             (o_part, lse_part, nsplits, out, lse), aligned, build_combine)
+        plan.launches.launch(("merge", out.stride(), lse.stride()), (B * H * T,),
+                             (o_part, lse_part, nsplits, out, lse), aligned, build_merge)
 
 
 def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
     """launch(stream, q, k, v, lens, table, out, lse data pointers; table = lens when not paged)
     for calls laid out as this one, which run() has launched (and so compiled) already: the split
-    launch, and the combine where the merge is not fused, with every other argument bound. The
+    launch, and the merge where the merge is not fused, with every other argument bound. The
     caller checks that the pointers are 16-byte aligned (the kernels were specialised so). None
     where only run() can launch (the interpreter, a layout run() did not cache)."""
     if _INTERPRET or q.shape[0] == 0:
@@ -138,7 +138,7 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
             split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt)
 
         return launch
-    comb_hit = plan.launches.entries.get(("combine", out.stride(), lse.stride()))
+    comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride()))
     comb = direct(comb_hit[0], (q.shape[0] * plan.num_q_heads * plan.q_len,), comb_hit[1]) if comb_hit else None
     if comb is None:
         return None

@@ -8,13 +8,13 @@ tile (row r -> token r // G, head kvh * G + r % G), so each K/V byte is read onc
 Layouts: q [B, Sq, Hq, D]; K/V contiguous [B, Lmax, Hkv, D] or paged [P, page_size, Hkv, D] with
 block_table [B, max_pages] (pages gathered here, per key row; entries past the last used page are
 never read); any strides with unit stride on D.
-Outputs: a request with num_splits == 1 writes o (q dtype) and lse directly — no combine needed;
+Outputs: a request with num_splits == 1 writes o (q dtype) and lse directly — no merge needed;
 otherwise o_part [S, B, Hq, Sq, D] fp32 (normalised) and lse_part [S, B, Hq, Sq] fp32 (natural
 log, -inf for a split that saw no key; then o_part = 0). NaN in q or in a used key / value
 propagates to o and lse (as in SDPA): "saw a key" is l != 0, which NaN passes; only a row with no
-visible key is o = 0, lse = -inf. With FUSED_COMBINE the last split block
+visible key is o = 0, lse = -inf. With FUSED_MERGE the last split block
 of each (request, KV head, m-tile) to arrive (an atomic counter per group, COUNTERS, zero between
-launches) merges the group's partials itself, so no combine launch follows.
+launches) merges the group's partials itself, so no merge launch follows.
 Deterministic: a fixed reduction order per program and a merge in split order; the counter only
 decides which block merges, not the arithmetic.
 Offsets: every product of an index and a stride is 64-bit (the index is cast first), so a cache
@@ -71,7 +71,7 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scal
 def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows, lse_rows, row_ok,
                 BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Exact merge of n normalised partials of BLOCK_M rows (same math and NaN / empty rules as
-    combine_kernel.py). Loads bypass L1 (.cg): the partials were written by other SMs."""
+    merge_kernel.py). Loads bypass L1 (.cg): the partials were written by other SMs."""
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     s = tl.full((), 0, tl.int64)  # 64-bit: s * s_ps may pass 2^31
     while s < n:
@@ -114,7 +114,7 @@ def split_kernel(
     NUM_KV_HEADS: tl.constexpr, M_TILES: tl.constexpr, G: tl.constexpr, SQ: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-    FUSED_COMBINE: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)
@@ -180,9 +180,9 @@ def split_kernel(
         l_rows = b64 * s_lb + head64 * s_lh + tok64
         tl.store(O_PART + split.to(tl.int64) * s_ps + p_rows, o, mask=row_ok[:, None])
         tl.store(LSE_PART + split.to(tl.int64) * s_ls + l_rows, lse, mask=row_ok)
-        if FUSED_COMBINE:
+        if FUSED_MERGE:
             # the last split block of this (request, KV head, m-tile) to finish merges all of them,
-            # saving the combine launch; the counter is reset by that block, so it is zero again
+            # saving the merge launch; the counter is reset by that block, so it is zero again
             # for the next launch or graph replay. Merge order = split index: deterministic.
             tl.debug_barrier()  # every thread's partial stores precede the release below
             arrived = tl.atomic_add(COUNTERS + pid, 1, sem="acq_rel")

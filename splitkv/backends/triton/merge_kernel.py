@@ -1,4 +1,4 @@
-"""Triton combine kernel: one program = one output row (request b, query head h, token t).
+"""Triton merge kernel: one program = one output row (request b, query head h, token t).
 
 Math (exact merge of normalised partial states, natural-log LSE):
     m = max_i lse_i;  w_i = exp(lse_i - m);  o = sum_i w_i o_i / sum_i w_i;  lse = m + log sum_i w_i
@@ -19,7 +19,7 @@ import triton.language as tl
 
 
 @triton.jit
-def combine_kernel(
+def merge_kernel(
     O_PART, LSE_PART, NSPLITS, O, LSE, max_splits,
     s_ps, s_pb, s_ph, s_pt,
     s_ls, s_lb, s_lh, s_lt,

@@ -1,4 +1,4 @@
-"""The combine (torch and interpreted Triton) against a direct softmax over the union of splits."""
+"""The merge (torch and interpreted Triton) against a direct softmax over the union of splits."""
 
 import math
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from splitkv.backends import torch_backend
-from splitkv.backends.triton import combine as triton_combine
+from splitkv.backends.triton import merge as triton_merge
 
-COMBINES = {"torch": torch_backend.combine, "triton": lambda *a: triton_combine(*a)}
+MERGES = {"torch": torch_backend.merge, "triton": lambda *a: triton_merge(*a)}
 
 
 def _partials(S, B, H, T, D, seed=0):
@@ -19,7 +19,7 @@ def _partials(S, B, H, T, D, seed=0):
 
 
 @pytest.mark.parametrize("name", ["torch", "triton"])
-def test_combine_exact_and_ignores_dead_splits(name):
+def test_merge_exact_and_ignores_dead_splits(name):
     S, B, H, T, D = 5, 3, 2, 2, 64
     o, lse = _partials(S, B, H, T, D)
     n = torch.tensor([5, 2, 1], dtype=torch.int32)
@@ -30,7 +30,7 @@ def test_combine_exact_and_ignores_dead_splits(name):
     lse[:, 2] = -math.inf          # request 2: every split empty
     out = torch.empty(B, T, H, D)
     out_lse = torch.empty(B, H, T)
-    COMBINES[name](o, lse, n, out, out_lse)
+    MERGES[name](o, lse, n, out, out_lse)
     for b in range(B):
         k = int(n[b])
         ls = lse[:k, b].double()

@@ -1,4 +1,4 @@
-"""CuTe DSL combine kernel: one warp = one output row (request b, query head h, token t); 4 rows
+"""CuTe DSL merge kernel: one warp = one output row (request b, query head h, token t); 4 rows
 per CTA.
 
 Math (exact merge of normalised partial states, natural-log LSE):
@@ -11,9 +11,9 @@ its weight exp2(NaN) is NaN and the tests are `!= 0` (unordered), so o and lse c
 rows of requests with one split are left alone (the split kernel wrote them already).
 
 Each lane owns D / 32 contiguous columns. Lane j loads the LSE of split j once, for the max and the
-weight (a second load only past 32 splits). Splits go in chunks of 32: lane j computes the weight of
-split s0 + j, then the warp walks the chunk in split order, broadcasting each weight by shuffle,
-with the chunk's o loads unrolled so they are all in flight together. Deterministic: splits are
+weight (a second load only past 32 splits). Splits go in groups of 32: lane j computes the weight of
+split s0 + j, then the warp walks the group in split order, broadcasting each weight by shuffle,
+with the group's o loads unrolled so they are all in flight together. Deterministic: splits are
 added in index order.
 
 Layouts: o_part [S, B, H, T, D] (fp32, fp16 or bf16; unit stride on D), lse_part [S, B, H, T] fp32,
@@ -26,14 +26,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from splitkv.backends.cutlass.config import CombineConfig
+from splitkv.backends.cutlass.config import MergeConfig
 from splitkv.backends.cutlass.paging import gmem_vec
 from splitkv.constants import LOG2E
 
 DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16, "float32": Float32}
 
 ROWS_PER_CTA = 4
-CHUNK = 32  # splits per weight chunk: one per lane
+SPLIT_GROUP = 32  # splits per weight group: one per lane
 
 
 def empty_as_neg_inf(lse):
@@ -47,8 +47,8 @@ def warp_allreduce_max(val):
     return val
 
 
-class CombineKernel:
-    def __init__(self, cfg: CombineConfig):
+class MergeKernel:
+    def __init__(self, cfg: MergeConfig):
         self.cfg = cfg
         self.part_dtype = DTYPES[cfg.part_dtype]
         self.out_dtype = DTYPES[cfg.out_dtype]
@@ -110,7 +110,7 @@ class CombineKernel:
                 total = Float32(0.0)
                 acc = cute.make_rmem_tensor((EPL,), Float32)
                 acc.fill(0.0)
-                for s0 in cutlass.range(0, n, CHUNK, unroll=1):
+                for s0 in cutlass.range(0, n, SPLIT_GROUP, unroll=1):
                     mine = s0 + lane
                     l_mine = l_first
                     if s0 > 0:
@@ -120,7 +120,7 @@ class CombineKernel:
                     w_mine = Float32(0.0)
                     if l_mine != -Float32.inf:  # unordered: a NaN lse gets a NaN weight
                         w_mine = cute.math.exp2((l_mine - m_use) * LOG2E, fastmath=True)
-                    for j in cutlass.range_constexpr(CHUNK):
+                    for j in cutlass.range_constexpr(SPLIT_GROUP):
                         w = cute.arch.shuffle_sync(w_mine, j)
                         # splits past n are in the workspace (s < max_splits) but hold anything:
                         # read a valid address, and let w = 0 select them away
