@@ -159,8 +159,10 @@ def test_batch_invariant_gpu(backend):
 
 # --- threads and streams ---------------------------------------------------------------------------------
 
-def _threads(device, backend, streams):
-    cases = [make_inputs(2, 1, 8, 2, 64, [700 + 37 * i, 300], BF16, device, seed=i) for i in range(4)]
+def _threads(device, backend, streams, same_shape=False):
+    # same_shape: one cache length (Lmax 1000) for every thread, so they share one input signature
+    cases = [make_inputs(2, 1, 8, 2, 64, [700 + 37 * i, 300], BF16, device, seed=i,
+                         pad=300 - 37 * i if same_shape else 3) for i in range(4)]
     refs = [splitkv.decode(*c, num_splits=3, backend=backend) for c in cases]
     bad = []
 
@@ -190,6 +192,14 @@ def test_threads_get_their_own_workspace_cpu():
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 def test_streams_get_their_own_workspace(backend):
     _threads("cuda", backend, streams=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_threads_on_one_stream_share_a_plan_safely(backend):
+    """Threads on the same stream share a plan (and the lean path's bound launch): their launches
+    are serialised by the stream, and the host-side argument slots by the launch's lock."""
+    _threads("cuda", backend, streams=False, same_shape=True)
 
 
 # --- no sync, capturable -------------------------------------------------------------------------------
