@@ -32,6 +32,7 @@ _EXPORTS = {
     "reference": ("reference", None),
     "debug": ("debug", None),
     "warmup": ("warmup", "warmup"),
+    "distributed": ("distributed", None),
 }
 # exported functions that share their submodule's name: the function wins over the submodule
 _SHADOWED = {name for name, (mod, attr) in _EXPORTS.items() if mod == name and attr == name}
