@@ -149,12 +149,19 @@ class ShardedPagedKVCache:
         if rope is not None:
             pos = torch.tensor(starts, device=k.device)[:, None] + torch.arange(T, device=k.device)
             k = apply_rope(k, pos, rope)
-        mine = [[t for t in range(n) if self.owner(s + t) == self.rank] for s, n in zip(starts, counts)]
-        width = max((len(m) for m in mine), default=0)
+        # the rows this rank owns, moved to the front of each row's order (vectorised: a prompt may
+        # hold a million tokens)
+        t = torch.arange(T)
+        pos = torch.tensor(starts)[:, None] + t
+        own = (pos // self.page_size) % self.world if self.policy == "round_robin" else \
+            (pos // self.shard_tokens).clamp(max=self.world - 1)
+        mine = (own == self.rank) & (t < torch.tensor(counts)[:, None])
+        local_counts = mine.sum(1).tolist()
+        width = max(local_counts, default=0)
         if width:
-            idx = torch.tensor([m + [0] * (width - len(m)) for m in mine], device=k.device)
+            order = torch.argsort(torch.where(mine, t, t + T), dim=1, stable=True)[:, :width].to(k.device)
             rows = torch.arange(N, device=k.device)[:, None]
-            self.local.append(ids, k[rows, idx], v[rows, idx], layer, lengths=[len(m) for m in mine])
+            self.local.append(ids, k[rows, order], v[rows, order], layer, lengths=local_counts)
         for s, n in zip(ids, counts):
             self._global[s][layer] += n
 
