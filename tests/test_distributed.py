@@ -18,23 +18,29 @@ from splitkv import distributed as D
 F32 = torch.float32
 
 
-def _run(world: int, fn, *args, backend_name: str = "gloo") -> None:
+def _run(world: int, fn, *args, backend_name: str = "gloo", timeout_s: int = 120) -> dict:
     """fn(rank, world, *args) on `world` ranks (gloo: CPU processes); a rank's exception fails the
-    test with its traceback; collectives time out after 120 s instead of hanging."""
+    test with its traceback; collectives time out after timeout_s instead of hanging."""
+    errs = _run_collect(world, fn, *args, backend_name=backend_name, timeout_s=timeout_s)
+    assert not errs, "\n".join(errs.values())
+    return errs
+
+
+def _run_collect(world: int, fn, *args, backend_name: str = "gloo", timeout_s: int = 120) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init")
         errs = mp.get_context("spawn").Manager().dict()
-        mp.start_processes(_worker, args=(world, init, errs, fn, args, backend_name), nprocs=world,
+        mp.start_processes(_worker, args=(world, init, errs, fn, args, backend_name, timeout_s), nprocs=world,
                            start_method="spawn", join=True)
-        assert not dict(errs), "\n".join(dict(errs).values())
+        return dict(errs)
 
 
-def _worker(rank, world, init, errs, fn, args, backend_name):
+def _worker(rank, world, init, errs, fn, args, backend_name, timeout_s):
     if backend_name == "gloo":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     torch.set_num_threads(1)
     dist.init_process_group(backend_name, init_method=f"file://{init}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=timeout_s))
     try:
         fn(rank, world, *args)
     except Exception:  # noqa: BLE001 - reported to the parent
@@ -161,3 +167,19 @@ def test_bad_arguments_are_named():
     q, k, v, k_new, v_new = _case(3, 1, 2, 4, 2, 64, [10])
     with pytest.raises(ValueError, match="new_k/new_v"):
         D.decode_context_parallel(q, k, v, torch.tensor([10], dtype=torch.int32), new_k=k_new, backend="torch")
+
+
+def _one_rank_fails(rank, world):
+    q, k, v, _, _ = _case(4, 1, 1, 4, 2, 64, [30])
+    lens = torch.tensor([30], dtype=torch.int32)
+    if rank == 1:
+        k = k[..., :32]  # a bad shard on one rank: its decode raises before any collective
+    D.decode_context_parallel(q, k, v, lens, backend="torch")
+
+
+def test_a_failing_rank_is_reported_not_hung():
+    """Rank 1's input error surfaces with its message; rank 0, left waiting in the all-gather, gets
+    an error from the collective (its peer left, or at the latest the 10 s timeout), not a hang."""
+    errs = _run_collect(2, _one_rank_fails, timeout_s=10)
+    assert set(errs) == {0, 1}
+    assert "k_cache" in errs[1]  # the validation message names the argument
