@@ -11,6 +11,7 @@ OUTLIER_NATS = 8.0  # e^8 ~ 3000x more softmax mass per key than the neighbourin
 MIN_SHOWN_SPLITS = 4  # heatmap CLI: a planner's pick below this is a strip, not a map...
 SHOW_SPLITS = 8  # ...so it forces this many (bounded by one 64-key tile per split)
 
+
 def demo_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog="python -m splitkv demo",

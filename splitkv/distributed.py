@@ -92,10 +92,13 @@ def decode_context_parallel(q: torch.Tensor, local_k: torch.Tensor, local_v: tor
     return (o, lse) if return_lse else o
 
 
-def owner(position: int, policy: str, world: int, *, page_size: int, shard_tokens: int | None = None) -> int:
-    """The rank that holds a sequence's key at `position` under `policy` (module docstring)."""
+def owner(position: int | torch.Tensor, policy: str, world: int, *, page_size: int,
+          shard_tokens: int | None = None) -> int | torch.Tensor:
+    """The rank that holds a sequence's key at `position` (an int, or a tensor of positions) under
+    `policy` (module docstring)."""
     if policy == "contiguous":
-        return min(position // shard_tokens, world - 1)
+        shard = position // shard_tokens
+        return shard.clamp(max=world - 1) if isinstance(shard, torch.Tensor) else min(shard, world - 1)
     return (position // page_size) % world
 
 
@@ -133,7 +136,7 @@ class ShardedPagedKVCache:
         """The sequence's global length (keys over every rank)."""
         return self._global[sid][layer]
 
-    def owner(self, position: int) -> int:
+    def owner(self, position: int | torch.Tensor) -> int | torch.Tensor:
         return owner(position, self.policy, self.world, page_size=self.page_size, shard_tokens=self.shard_tokens)
 
     def append(self, seq_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor, layer: int = 0, *,
@@ -153,9 +156,7 @@ class ShardedPagedKVCache:
         # hold a million tokens)
         t = torch.arange(T)
         pos = torch.tensor(starts)[:, None] + t
-        own = (pos // self.page_size) % self.world if self.policy == "round_robin" else \
-            (pos // self.shard_tokens).clamp(max=self.world - 1)
-        mine = (own == self.rank) & (t < torch.tensor(counts)[:, None])
+        mine = (self.owner(pos) == self.rank) & (t < torch.tensor(counts)[:, None])
         local_counts = mine.sum(1).tolist()
         width = max(local_counts, default=0)
         if width:

@@ -70,13 +70,6 @@ def forget() -> None:
     _SEEN.clear()
 
 
-def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
-                        backend: str, causal: bool = True) -> Problem:
-    """Validate decode's inputs; returns the Problem. Signatures that passed are remembered."""
-    return check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend,
-                       causal)[1]
-
-
 def check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend,
                 causal) -> tuple:
     """(key, Problem): key = the inputs' signature (None when not hashable). One Problem object per

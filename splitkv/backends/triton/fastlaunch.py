@@ -9,7 +9,7 @@ The key holds what Triton specialises on: constexprs, launch options, every int 
 (strides: stable for a given shape) and whether all pointers are 16-byte aligned (otherwise we
 take the JIT path every time, which is always correct).
 
-`Direct` is the floor: Triton's C launch function itself, called with every pointer as an int
+`direct()` is the floor: Triton's C launch function itself, called with every pointer as an int
 (an int skips the launcher's per-pointer `data_ptr()` call and its `cuPointerGetAttribute` driver
 query, ~12 per split launch) and everything else bound once. It exists only for kernels that need
 no global or profile scratch (ours), where the Python `CudaLauncher.__call__` adds nothing.
@@ -73,6 +73,7 @@ class Bound:
         if aligned and kernel is not None:
             tail = (*scalars, *cx.values())
             self.entries[key] = (kernel, tail, direct(kernel, grid, tail))
+
 
 def direct(kernel, grid, tail: tuple):
     """launch(stream, *pointers): kernel's C launch function with the grid, the handle, the

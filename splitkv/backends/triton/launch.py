@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ...constants import LOG2E
-from .fastlaunch import Bound, FastLauncher, direct
+from .fastlaunch import Bound, FastLauncher
 from .merge_kernel import merge_kernel
 from .schedule_kernel import schedule_kernel
 from .split_kernel import split_kernel
@@ -50,10 +50,9 @@ def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
     if B * H * T == 0:
         return
     _merge((B * H * T,), (o_part, lse_part, num_splits, out, lse),
-             (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2),
-              *lse.stride()),
-             dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_merge_block_s(S), SKIP_SINGLE=skip_single),
-             4 if D >= 128 else 2, 1)
+           (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride()),
+           dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_merge_block_s(S), SKIP_SINGLE=skip_single),
+           4 if D >= 128 else 2, 1)
 
 
 def _split_key(q, k_cache, v_cache, block_table, out, scale, causal) -> tuple:
@@ -101,7 +100,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
 
         def build_merge():
             return (_merge, (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1),
-                               out.stride(2), *lse.stride()),
+                             out.stride(2), *lse.stride()),
                     dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_merge_block_s(S), SKIP_SINGLE=True),
                     4 if D >= 128 else 2, 1)
 
@@ -119,9 +118,7 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
         return None
     split_hit = plan.launches.entries.get(("split", _split_key(q, k_cache, v_cache, block_table, out, scale,
                                                                causal)))
-    if split_hit is None:
-        return None
-    split = direct(split_hit[0], (plan.max_splits, q.shape[0] * plan.num_kv_heads * plan.m_tiles), split_hit[1])
+    split = split_hit[2] if split_hit is not None else None  # the plan's Bound made it with the grid run() used
     if split is None:
         return None
     ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
@@ -139,7 +136,7 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
 
         return launch
     comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride()))
-    comb = direct(comb_hit[0], (q.shape[0] * plan.num_q_heads * plan.q_len,), comb_hit[1]) if comb_hit else None
+    comb = comb_hit[2] if comb_hit is not None else None
     if comb is None:
         return None
 
