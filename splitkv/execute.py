@@ -103,9 +103,10 @@ def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, bat
     if op & 15:
         return None
     lse = torch.empty_like(p.lse_scratch) if return_lse else p.lse_scratch
-    if plan is None:
-        p.schedule_if_new(cache_seqlens)
-    launch(stream, qp, kp, vp, lp, bp, op, lse.data_ptr())  # lse: a torch allocation, 512-byte aligned
+    with p.lock:
+        if plan is None:
+            p.schedule_if_new(cache_seqlens)
+        launch(stream, qp, kp, vp, lp, bp, op, lse.data_ptr())  # lse: a torch allocation, 512-byte aligned
     return (o, lse) if return_lse else o
 
 
@@ -155,7 +156,6 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
             raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
         extra = (_owner(q.device), batch_invariant, _align_bits(q, k_cache, v_cache))
         plan = _cached_plan((key, extra), prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant)
-        plan.schedule(cache_seqlens) if copied else plan.schedule_if_new(cache_seqlens)
     else:
         if not isinstance(plan, DecodePlan):
             raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")
@@ -170,8 +170,11 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = (torch.empty(prob.batch, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=q.device)
            if return_lse else plan.lse_scratch)
-    plan.module.run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part, plan.lse_part, o, lse,
-                    scale, causal)
+    with plan.lock:
+        if own_plan:
+            plan.schedule(cache_seqlens) if copied else plan.schedule_if_new(cache_seqlens)
+        plan.module.run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part, plan.lse_part, o, lse,
+                        scale, causal)
     if debug.active():
         debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
     elif lean and key is not None and out is None:  # bound for the contiguous o it allocated

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -75,6 +76,9 @@ class DecodePlan:
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
     launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
     checked: list = field(default_factory=lambda: [None], repr=False)  # the last Problem check_call passed
+    # held from a call's schedule through its last launch: threads on one stream share a plan (its
+    # split table, partials and bound argument slots), so their launch sequences must not interleave
+    lock: object = field(default_factory=threading.Lock, repr=False)
     num_splits: torch.Tensor = field(init=False, repr=False)  # int32 [B] views of sched, made once
     chunk_lens: torch.Tensor = field(init=False, repr=False)
     module: object = field(init=False, repr=False)  # the backend module that runs it

@@ -14,8 +14,8 @@ executor lookup (H200 profile, 2026-12-01: the DSL's packing was ~50 us of a 157
 
 `bind(fixed, n_pointers)` is the floor, for a caller whose scalars are fixed (a plan and a call
 layout): its own slots, with the scalars written once, the leading pointers and the stream in one
-int64 array, so a launch is one slice assignment and the host function call, under a lock (threads
-on one stream share a plan, and so these slots).
+int64 array, so a launch is one slice assignment and the host function call. The caller holds the
+plan's lock around it (threads on one stream share a plan, and so these slots: execute.py).
 """
 
 import ctypes
@@ -127,13 +127,11 @@ class Packer:
         addrs += self._tail(ex)
         arr = (ctypes.c_void_p * len(addrs))(*addrs)
         capi, result = ex.jit_module.capi_func, ex.cuda_result
-        lock = threading.Lock()  # threads sharing a plan (one stream, one signature) share these slots
 
-        def launch(stream, *pointers):
-            with lock:
-                per_call[:] = (*pointers, stream)
-                capi(arr)
-                err = result.value if result is not None else 0
+        def launch(stream, *pointers):  # the caller holds the plan's lock (threads may share a plan)
+            per_call[:] = (*pointers, stream)
+            capi(arr)
+            err = result.value if result is not None else 0
             if err != 0:
                 raise RuntimeError(f"splitkv: CuTe DSL launch failed with CUDA error {err}")
 
