@@ -7,13 +7,17 @@ import torch
 from torch import Tensor
 
 from . import execute, ops
+from . import variants as V
 from .plan import DecodePlan
+
+_NO_WINDOW = (-1, -1)
 
 
 def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *, block_table: Tensor | None = None,
            causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = None,
            return_lse: bool = False, out: Tensor | None = None, plan: DecodePlan | None = None, backend: str = "auto",
-           batch_invariant: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+           batch_invariant: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
+           sinks: Tensor | None = None, alibi_slopes: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """Split-KV decode attention.
 
     q [B, Sq, Hq, D] fp16/bf16 (fp32 on the torch backend); k_cache/v_cache [B, Lmax, Hkv, D]
@@ -27,14 +31,30 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
     host: no sync), so the call itself may be captured in a CUDA graph. plan: from splitkv.plan(...),
     reused across layers (call plan.refresh(cache_seqlens) once per step when lengths change).
     batch_invariant: a request's output does not depend on the rest of the batch (bitwise).
+
+    Attention variants, with FlashAttention's flash_attn_with_kvcache conventions (the math is in
+    splitkv.variants): window_size=(left, right) sliding window (query at position p sees keys
+    p - left .. p + right, -1 = unbounded; causal bounds the right side at p); softcap > 0: scores
+    become softcap * tanh(scores / softcap); sinks float32 [Hq]: a per-head logit joining each
+    row's softmax denominator, with no value (lse includes it); alibi_slopes float32 [Hq]: scores
+    get -slope[h] * |key position - query position|. Head dims: every multiple of 8 in [32, 256]
+    (torch and triton; cutlass 64/128/256 without variants: 'auto' picks triton otherwise).
     """
+    if (window_size is _NO_WINDOW or window_size is None or window_size == _NO_WINDOW) and sinks is None \
+            and alibi_slopes is None and type(softcap) in (float, int) and softcap == 0:
+        variant = V.PLAIN
+    else:
+        variant = V.make(window_size, softcap, sinks, alibi_slopes, num_q_heads=q.shape[2] if q.dim() == 4 else -1,
+                         device=q.device)
     if plan is None and torch.compiler.is_compiling():
         o, lse = ops.decode_op(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale,
-                               num_splits, backend, batch_invariant)
+                               num_splits, backend, batch_invariant, variant.window_left, variant.window_right,
+                               variant.softcap, variant.sinks, variant.alibi_slopes)
         if out is not None:
             out.copy_(o)
             o = out
         return (o, lse) if return_lse else o
     return execute.decode_eager(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
                                 softmax_scale=softmax_scale, num_splits=num_splits, return_lse=return_lse,
-                                out=out, plan=plan, backend=backend, batch_invariant=batch_invariant)
+                                out=out, plan=plan, backend=backend, batch_invariant=batch_invariant,
+                                variant=variant)

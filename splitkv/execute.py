@@ -26,6 +26,7 @@ import torch
 
 from . import debug, validate
 from .plan import DecodePlan, build, maybe_print
+from .variants import PLAIN
 
 # (signature, stream or thread) -> DecodePlan. Never evicted: a CUDA graph that captured a plain
 # decode replays into its plan's workspace, so dropping the plan (and its memory) behind the graph's
@@ -53,7 +54,7 @@ def _align_bits(*ts) -> int:
     return bits & 15
 
 
-def _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant):
+def _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant, variant):
     plan = _PLANS.get(key)
     if plan is not None:
         return plan
@@ -61,7 +62,7 @@ def _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch
 
     ok = q.device.type == "cuda" and layout_ok(q, k_cache, v_cache, out if out is not None else q)
     plan = build(prob, q.device, backend=backend, num_splits=num_splits, batch_invariant=batch_invariant,
-                   layout_ok=ok)
+                 layout_ok=ok, variant=variant)
     maybe_print(plan)
     with _LOCK:
         _PLANS[key] = plan
@@ -128,11 +129,13 @@ def _remember(memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_p
 
 
 def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
-                 num_splits=None, return_lse=False, out=None, plan=None, backend="auto", batch_invariant=False):
-    """splitkv.decode without the torch.compile dispatch (what the custom op runs)."""
+                 num_splits=None, return_lse=False, out=None, plan=None, backend="auto", batch_invariant=False,
+                 variant=PLAIN):
+    """splitkv.decode without the torch.compile dispatch (what the custom op runs). variant: a
+    checked splitkv.variants.Variant (its calls take the full path)."""
     key, prob = validate.check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
                                      backend, causal)
-    lean = (prob is not None and not DEBUG and not debug.active()
+    lean = (prob is not None and not DEBUG and not debug.active() and variant is PLAIN
             and (plan is None or (type(plan) is DecodePlan and not batch_invariant)))
     if lean:
         res = _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, prob.memo,
@@ -154,8 +157,9 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     if own_plan:
         if not isinstance(batch_invariant, bool):
             raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
-        extra = (_owner(q.device), batch_invariant, _align_bits(q, k_cache, v_cache))
-        plan = _cached_plan((key, extra), prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant)
+        extra = (_owner(q.device), batch_invariant, _align_bits(q, k_cache, v_cache), variant.key())
+        plan = _cached_plan((key, extra), prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant,
+                            variant)
     else:
         if not isinstance(plan, DecodePlan):
             raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")
@@ -166,6 +170,8 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         if plan.checked[0] is not prob or backend != "auto":  # validated Problems are cached: same object, same call
             plan.check_call(prob, backend, q.device)
             plan.checked[0] = prob if backend == "auto" else None
+        if variant is not PLAIN or plan.variant_key != PLAIN.key():
+            plan.check_variant(variant)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)
     o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = (torch.empty(prob.batch, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=q.device)
@@ -174,7 +180,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         if own_plan:
             plan.schedule(cache_seqlens) if copied else plan.schedule_if_new(cache_seqlens)
         plan.module.run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part, plan.lse_part, o, lse,
-                        scale, causal)
+                        scale, causal, variant)
     if debug.active():
         debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
     elif lean and key is not None and out is None:  # bound for the contiguous o it allocated

@@ -19,7 +19,7 @@ with a ragged re-plan (BALANCE) keeps every CTA inside one request with max/mean
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -109,7 +109,7 @@ def tile_config(head_dim: int, rows: int, splitting: bool = True) -> TileConfig:
     K/V stages fit (not yet tuned on the GPU).
     """
     block_m = min(max(_next_pow2(rows), MIN_BLOCK_M), MAX_BLOCK_M)
-    if head_dim >= 256:
+    if _next_pow2(head_dim) >= 256:  # Triton pads D to a power of 2 (D 136..256 -> 256)
         return TileConfig(block_m, 32, 8, 2)
     if splitting:
         return TileConfig(block_m, 64, 4, 3)
@@ -175,11 +175,22 @@ class SplitRule:
     short_keys: int = 2 * MIN_CHUNK_KEYS  # auto: no split when the longest request is shorter
     cap: int = MAX_SPLITS  # auto: chunks of at least longest / cap
     balance: float = BALANCE  # auto: the ragged re-plan's trigger
+    # a sliding window bounds the keys a request's queries can see to span_cap = Sq + left
+    # (splitkv.variants.first_key): requests are split over those keys only; 2^30 = no window
+    span_cap: int = 1 << 30
 
 
 def split_rule(*, batch: int, groups_per_request: int, block_n: int, max_seqlen: int, num_sms: int,
                blocks_per_sm: int = BLOCKS_PER_SM, num_splits: int | None = None,
-               batch_invariant: bool = False) -> SplitRule:
+               batch_invariant: bool = False, span_cap: int = 1 << 30) -> SplitRule:
+    rule = _split_rule(batch=batch, groups_per_request=groups_per_request, block_n=block_n,
+                       max_seqlen=min(max_seqlen, span_cap), num_sms=num_sms, blocks_per_sm=blocks_per_sm,
+                       num_splits=num_splits, batch_invariant=batch_invariant)
+    return replace(rule, span_cap=span_cap) if span_cap < rule.span_cap else rule
+
+
+def _split_rule(*, batch: int, groups_per_request: int, block_n: int, max_seqlen: int, num_sms: int,
+                blocks_per_sm: int, num_splits: int | None, batch_invariant: bool) -> SplitRule:
     """The scheduler's parameters for a batch whose lengths are at most max_seqlen.
 
     groups_per_request = KV heads x query tiles (one CTA each per split).
@@ -226,12 +237,14 @@ def schedule(seqlens: torch.Tensor, rule: SplitRule) -> tuple[torch.Tensor, torc
     """(num_splits [B], chunk_lens [B]) int32 for these lengths: the rule in plain PyTorch.
 
     This is the specification; backends/triton/schedule_kernel.py computes the same on the GPU
-    (tests check both agree). Split s of request b covers keys [s * chunk_b, (s + 1) * chunk_b), the
-    last one running on to L_b; chunks are block_n-aligned and equal within a request (its keys cut
+    (tests check both agree). Split s of request b covers keys [f_b + s * chunk_b, f_b + (s + 1) *
+    chunk_b), the last one running on to L_b, from its first visible key f_b = L_b - min(L_b, span_cap)
+    (0 without a sliding window); chunks are block_n-aligned and equal within a request (its keys cut
     into num_splits equal parts), so no CTA streams more than its chunk.
     """
     bn = rule.block_n
-    tiles = torch.div(seqlens.long().clamp(min=0) + (bn - 1), bn, rounding_mode="floor")
+    span = seqlens.long().clamp(min=0, max=rule.span_cap)  # the keys its queries can see
+    tiles = torch.div(span + (bn - 1), bn, rounding_mode="floor")
     if rule.mode == "forced":
         n = torch.full_like(tiles, rule.splits)
         return n.int(), (torch.div(tiles + n - 1, n, rounding_mode="floor").clamp_(min=1) * bn).int()

@@ -3,7 +3,8 @@ the merge and the cache append as single opaque nodes: no graph break (fullgraph
 and no host read of cache_seqlens inside the traced graph.
 
     splitkv::decode   (q, k_cache, v_cache, cache_seqlens, block_table?, causal, softmax_scale?,
-                       num_splits?, backend) -> (o [B, Sq, Hq, D] q.dtype, lse [B, Hq, Sq] fp32)
+                       num_splits?, backend, batch_invariant, window_left, window_right, softcap,
+                       sinks?, alibi_slopes?) -> (o [B, Sq, Hq, D] q.dtype, lse [B, Hq, Sq] fp32)
     splitkv::merge    (o_part [S, B, H, T, D], lse_part [S, B, H, T], num_splits [B])
                        -> (o [B, T, H, D] o_part.dtype, lse [B, H, T] fp32)
     splitkv::append   (k_pool!, v_pool!, k, v, pages, starts, ntok, cos?, sin?, neox, backend)
@@ -21,21 +22,25 @@ import torch
 from torch import Tensor
 
 from . import backends
+from . import variants as V
 from .execute import decode_eager
 
 
 @torch.library.custom_op("splitkv::decode", mutates_args=())
 def decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None,
               causal: bool, softmax_scale: float | None, num_splits: int | None,
-              backend: str, batch_invariant: bool = False) -> tuple[Tensor, Tensor]:
+              backend: str, batch_invariant: bool = False, window_left: int = -1, window_right: int = -1,
+              softcap: float = 0.0, sinks: Tensor | None = None,
+              alibi_slopes: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    variant = V.Variant(window_left, window_right, softcap, sinks, alibi_slopes)  # checked by splitkv.decode
     return decode_eager(q, k_cache, v_cache, cache_seqlens, block_table=block_table, causal=causal,
                         softmax_scale=softmax_scale, num_splits=num_splits, return_lse=True, backend=backend,
-                        batch_invariant=batch_invariant)
+                        batch_invariant=batch_invariant, variant=V.PLAIN if variant.plain else variant)
 
 
 @decode_op.register_fake
 def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale, num_splits, backend,
-                 batch_invariant=False):
+                 batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0, sinks=None, alibi_slopes=None):
     B, Sq, Hq, _ = q.shape
     o = q.new_empty(q.shape)  # contiguous, as decode_eager allocates it
     lse = q.new_empty((B, Hq, Sq), dtype=torch.float32)

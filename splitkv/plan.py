@@ -30,6 +30,9 @@ import torch
 from . import backends, validate
 from . import heuristics as H
 from . import workspace as W
+from .constants import HEAD_DIMS as CUTLASS_HEAD_DIMS
+from .variants import PLAIN, Variant
+from .variants import make as make_variant
 
 
 def _bound():
@@ -72,6 +75,7 @@ class DecodePlan:
     o_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq, D], None when no request can split
     lse_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq]
     lse_scratch: torch.Tensor  # fp32 [B, Hq, Sq]: the lse of calls that do not return it
+    variant_key: tuple = PLAIN.key()  # the attention variant it was made for (splitkv.variants)
     # (weakref, _version) of the lengths tensor the table was last computed from (schedule_if_new)
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
     launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
@@ -169,6 +173,14 @@ class DecodePlan:
             raise ValueError(f"plan: made for backend {self.backend!r}, but the call asks for {backend!r}; "
                              f"make it with splitkv.plan(..., backend={backend!r})")
 
+    def check_variant(self, variant: Variant) -> None:
+        if variant.key() != self.variant_key:
+            names = ("window_left", "window_right", "softcap", "sinks given", "alibi_slopes given")
+            want = dict(zip(names, self.variant_key))
+            got = dict(zip(names, variant.key()))
+            raise ValueError(f"plan: made for the variant {want}, but the call has {got}; pass the same "
+                             f"window_size / softcap / sinks / alibi_slopes to splitkv.plan(...)")
+
     def describe(self) -> str:
         r = self.rule
         how = {"auto": f"balanced on device, <= {r.target} CTAs/group (ragged {r.ragged_target})",
@@ -179,7 +191,7 @@ class DecodePlan:
                 f"m_tiles={self.m_tiles} max_splits={self.max_splits} ({how}) fuse={self.fuse}")
 
 
-def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, num_sms) -> tuple:
+def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, num_sms, span_cap) -> tuple:
     """(tile, m_tiles, rule) of `backend` for this problem."""
     rows = prob.qhead_per_kvhead * prob.q_len
     tile = H.tile_config(prob.head_dim, rows)  # the split tile: its block_n sizes the rule
@@ -187,15 +199,22 @@ def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, 
     rule = H.split_rule(batch=prob.batch, groups_per_request=prob.num_kv_heads * m_tiles, block_n=tile.block_n,
                         max_seqlen=prob.max_seqlen, num_sms=num_sms,
                         blocks_per_sm=H.blocks_per_sm(backend, prob.page_size is not None),
-                        num_splits=num_splits, batch_invariant=batch_invariant)
+                        num_splits=num_splits, batch_invariant=batch_invariant, span_cap=span_cap)
     return tile, m_tiles, rule
 
 
-def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, **kw) -> tuple[str, bool]:
+def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, variant, **kw) -> tuple[str, bool]:
     """backend="auto": torch on the CPU; on CUDA, cutlass where heuristics.auto_prefers_cutlass
-    takes the plan (sm90, the CuTe DSL installed, a layout it accepts), Triton otherwise."""
+    takes the plan (sm90, the CuTe DSL installed, a layout, head dim and variant it takes), Triton
+    otherwise."""
     name = backends.resolve(backend, device)
-    if backend != "auto" or name != "triton" or not backends.auto_cutlass_here(device) or not layout_ok:
+    cutlass_ok = variant.plain and prob.head_dim in CUTLASS_HEAD_DIMS
+    if name == "cutlass" and not cutlass_ok:
+        raise ValueError(f"backend: 'cutlass' runs head dims {CUTLASS_HEAD_DIMS} without attention variants "
+                         f"(window_size, softcap, sinks, alibi_slopes); got head dim {prob.head_dim}"
+                         f"{'' if variant.plain else ' with a variant'}: use backend='triton' or 'auto'")
+    if (backend != "auto" or name != "triton" or not backends.auto_cutlass_here(device) or not layout_ok
+            or not cutlass_ok):
         return name, backend == "auto"
     splits = _rule("cutlass", prob, **kw)[2].max_splits
     return ("cutlass" if kw["batch_invariant"] or H.auto_prefers_cutlass(splits) else "triton"), True
@@ -203,15 +222,17 @@ def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, **k
 
 def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: int | None = None,
           batch_invariant: bool = False, num_sms: int | None = None, layout_ok: bool = True,
-          dtype_bound: bool = True) -> DecodePlan:
+          dtype_bound: bool = True, variant: Variant = PLAIN) -> DecodePlan:
     """A plan for this problem (prob.max_seqlen is the length bound). layout_ok: the inputs'
-    layout is one the cutlass kernels take (auto only). dtype_bound: the plan checks prob.dtype."""
+    layout is one the cutlass kernels take (auto only). dtype_bound: the plan checks prob.dtype.
+    variant: the attention variant of the calls (a sliding window bounds the keys it splits)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    span_cap = prob.q_len + variant.window_left if variant.window_left >= 0 else 1 << 30
     kw = dict(num_splits=num_splits, batch_invariant=batch_invariant,
-              num_sms=num_sms if num_sms is not None else device_num_sms(device))
-    name, auto = _choose_backend(backend, prob, device, layout_ok, **kw)
+              num_sms=num_sms if num_sms is not None else device_num_sms(device), span_cap=span_cap)
+    name, auto = _choose_backend(backend, prob, device, layout_ok, variant, **kw)
     tile, m_tiles, rule = _rule(name, prob, **kw)
     paged = prob.page_size is not None
     splitting = rule.max_splits > 1 or batch_invariant  # batch-invariant: one tile whatever the grid
@@ -243,13 +264,16 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     sched, counters, o_part, lse_part, lse_scratch = W.outside_graph_pools(tensors, device)
     return DecodePlan(B, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len,
                       prob.dtype if dtype_bound else None, paged, prob.max_seqlen, device, name, auto, tile,
-                      m_tiles, rule, fuse, batch_invariant, sched, counters, o_part, lse_part, lse_scratch)
+                      m_tiles, rule, fuse, batch_invariant, sched, counters, o_part, lse_part, lse_scratch,
+                      variant.key())
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,
          q_len: int = 1, num_splits: int | None = None, max_seqlen: int | None = None,
          num_sms: int | None = None, backend: str = "auto", paged: bool = False,
-         dtype: torch.dtype | None = None, batch_invariant: bool = False) -> DecodePlan:
+         dtype: torch.dtype | None = None, batch_invariant: bool = False, window_size=(-1, -1),
+         softcap: float = 0.0, sinks: torch.Tensor | None = None,
+         alibi_slopes: torch.Tensor | None = None) -> DecodePlan:
     """Plan a decode step once; pass it to every layer's `decode(..., plan=p)`.
 
     The plan fixes the backend ('auto' resolved here), the cache layout (paged: the calls pass a
@@ -259,6 +283,9 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
     `p.refresh(cache_seqlens)` once per step and the decode calls; replays follow new lengths.
     batch_invariant: a fixed chunk length per split, so a request's output does not depend on the
     rest of the batch (bitwise); see heuristics.BATCH_INVARIANT_CHUNK_KEYS for its cost.
+    window_size / softcap / sinks / alibi_slopes: the attention variant the calls will pass (as
+    decode takes them; sinks and alibi_slopes only need their presence and shape here): a sliding
+    window makes the plan split only the keys the window shows.
     """
     validate.check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, num_splits, max_seqlen,
                              backend, paged, dtype, batch_invariant)
@@ -266,8 +293,10 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
         max_seqlen = max(int(cache_seqlens.max()) if cache_seqlens.numel() else 1, 1)
     prob = validate.Problem(cache_seqlens.shape[0], q_len, num_q_heads, num_kv_heads, head_dim, max_seqlen,
                             16 if paged else None, dtype)
+    variant = make_variant(window_size, softcap, sinks, alibi_slopes, num_q_heads=num_q_heads,
+                           device=cache_seqlens.device)
     p = build(prob, cache_seqlens.device, backend=backend, num_splits=num_splits, batch_invariant=batch_invariant,
-              num_sms=num_sms, dtype_bound=dtype is not None)
+              num_sms=num_sms, dtype_bound=dtype is not None, variant=variant)
     p.schedule(cache_seqlens)
     maybe_print(p)
     return p

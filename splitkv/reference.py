@@ -9,7 +9,9 @@ Semantics (the contract every backend matches):
   * query i of Sq sits at absolute position L_b - Sq + i; with causal=True it sees keys at
     positions <= its own, otherwise every valid key;
   * query head h reads KV head h // (Hq // Hkv);
-  * a query that sees no key gets o = 0 and lse = -inf;
+  * a query that sees no key gets o = 0 and lse = -inf (lse = its sink with sinks);
+  * variants (splitkv.variants has the exact math, FlashAttention's conventions): sliding
+    window_size=(left, right), logit softcap, ALiBi slopes, attention sinks;
   * NaN in q or in a key / value the query uses propagates to its o and lse (as in SDPA).
 """
 
@@ -46,6 +48,10 @@ def decode_reference(
     causal: bool = True,
     softmax_scale: float | None = None,
     dtype: torch.dtype = torch.float64,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact decode attention. Returns (o [B, Sq, Hq, D] in `dtype`, lse [B, Hq, Sq] in `dtype`)."""
     B, Sq, Hq, D = q.shape
@@ -61,13 +67,31 @@ def decode_reference(
         k = gather_keys(k_cache, b, L, block_table).to(dtype).repeat_interleave(group, dim=1)
         v = gather_keys(v_cache, b, L, block_table).to(dtype).repeat_interleave(group, dim=1)
         s = torch.einsum("qhd,khd->hqk", q[b].to(dtype), k) * scale  # [Hq, Sq, L]
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        qpos = torch.arange(Sq, device=q.device)[:, None] + (L - Sq)  # [Sq, 1]
+        dist = torch.arange(L, device=q.device)[None, :] - qpos  # [Sq, L]: key position - query position
+        if alibi_slopes is not None:
+            s = s - alibi_slopes.to(dtype)[:, None, None] * dist.abs().to(dtype)
+        hidden = torch.zeros_like(dist, dtype=torch.bool)
         if causal:
-            s = s.masked_fill(_future(L, Sq, q.device), -math.inf)
+            hidden |= dist > 0
+        if window_size[0] >= 0:
+            hidden |= dist < -window_size[0]
+        if window_size[1] >= 0:
+            hidden |= dist > window_size[1]
+        s = s.masked_fill(hidden, -math.inf)
         row_lse = torch.logsumexp(s, dim=-1)  # [Hq, Sq]
         # rows with no key: exp(-inf + inf) = NaN -> 0; NaN scores (NaN in q / k) stay NaN
         p = torch.exp(s - row_lse[..., None]).masked_fill((row_lse == -math.inf)[..., None], 0.0)
         o[b] = torch.einsum("hqk,khd->qhd", p, v)
         lse[b] = row_lse
+    if sinks is not None:  # one more softmax term per row, with no value: o shrinks, lse grows
+        sink = sinks.to(dtype)[None, :, None].expand_as(lse)
+        full = torch.logaddexp(lse, sink)
+        w = torch.where(full == -math.inf, 1.0, torch.exp(lse - full))  # NaN stays NaN
+        o = o * w.permute(0, 2, 1)[..., None]
+        lse = full
     return o, lse
 
 

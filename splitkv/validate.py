@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .constants import BACKEND_CHOICES, HEAD_DIMS
+from .constants import BACKEND_CHOICES, HEAD_DIM_RANGE
 
-SUPPORTED_HEAD_DIMS = HEAD_DIMS
+HEAD_DIM_RULE = f"a multiple of 8 in [{HEAD_DIM_RANGE[0]}, {HEAD_DIM_RANGE[1]}]"
 MAX_Q_LEN = 16
 BACKENDS = BACKEND_CHOICES  # what backend= accepts (splitkv.constants)
 LOW_DTYPES = (torch.float16, torch.bfloat16)
@@ -39,6 +39,10 @@ class Problem:
     @property
     def qhead_per_kvhead(self) -> int:
         return self.num_q_heads // self.num_kv_heads
+
+
+def head_dim_ok(d) -> bool:
+    return isinstance(d, int) and HEAD_DIM_RANGE[0] <= d <= HEAD_DIM_RANGE[1] and d % 8 == 0
 
 
 def _need(cond: bool, exc: type[Exception], msg: str) -> None:
@@ -102,7 +106,7 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
           f"q: expected dtype in {allowed} for backend {backend!r}, got {q.dtype}")
     B, Sq, Hq, D = q.shape
     _need(1 <= Sq <= MAX_Q_LEN, ValueError, f"q: expected 1 <= Sq (dim 1) <= {MAX_Q_LEN}, got Sq={Sq}")
-    _need(D in SUPPORTED_HEAD_DIMS, ValueError, f"q: head dim {D} not supported, expected one of {SUPPORTED_HEAD_DIMS}")
+    _need(head_dim_ok(D), ValueError, f"q: head dim {D} not supported, expected {HEAD_DIM_RULE}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _need(t.dim() == 4, ValueError,
               f"{name}: expected rank 4 [B, Lmax, Hkv, D] or [num_pages, page_size, Hkv, D], got shape {tuple(t.shape)}")
@@ -157,8 +161,7 @@ def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, n
               f"{name}: expected a positive int, got {v!r}")
     _need(num_q_heads % num_kv_heads == 0, ValueError,
           f"num_q_heads: {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
-    _need(head_dim in SUPPORTED_HEAD_DIMS, ValueError,
-          f"head_dim: {head_dim} not supported, expected one of {SUPPORTED_HEAD_DIMS}")
+    _need(head_dim_ok(head_dim), ValueError, f"head_dim: {head_dim} not supported, expected {HEAD_DIM_RULE}")
     _need(q_len <= MAX_Q_LEN, ValueError, f"q_len: expected 1 <= q_len <= {MAX_Q_LEN}, got {q_len}")
     if num_splits is not None:
         _need(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 1, ValueError,

@@ -72,9 +72,9 @@ def _dtype(v) -> torch.dtype:
 def check_args(head_dims, dtypes, num_q_heads, num_kv_heads, q_lens, paged, page_size, backends, on_cpu):
     """Validated, deduplicated tuples of every argument (ValueError naming the argument)."""
     head_dims = _ints("head_dims", head_dims)
-    bad = [d for d in head_dims if d not in validate.SUPPORTED_HEAD_DIMS]
+    bad = [d for d in head_dims if not validate.head_dim_ok(d)]
     if bad:
-        raise ValueError(f"head_dims: {bad[0]} not supported, expected entries in {validate.SUPPORTED_HEAD_DIMS}")
+        raise ValueError(f"head_dims: {bad[0]} not supported, expected entries {validate.HEAD_DIM_RULE}")
     if isinstance(dtypes, (torch.dtype, str)):
         dtypes = (dtypes,)
     dtypes = tuple(_dtype(v) for v in _seq("dtypes", dtypes, torch.dtype))

@@ -1,5 +1,6 @@
 """Backend registry. A backend module exposes
-    run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+    run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+        variant)   (variant: splitkv.variants.Variant, PLAIN by default)
     merge(o_part, lse_part, num_splits, out, lse)
 and decides nothing: the plan (splitkv/plan.py) names the backend, its tile, the split table and
 whether the merge is fused; `resolve` and `auto_cutlass_here` are what the plan asks, once."""

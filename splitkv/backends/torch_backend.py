@@ -37,18 +37,20 @@ from types import SimpleNamespace
 import torch
 
 from .. import debug
+from ..variants import PLAIN, first_key
 
 NEG_INF = -math.inf
 
 
-def split_bounds(plan, cache_seqlens: torch.Tensor):
-    """[B, S] start/end key of every split; the last split of a request runs on to its length."""
+def split_bounds(plan, cache_seqlens: torch.Tensor, first: torch.Tensor | None = None):
+    """[B, S] start/end key of every split; the last split of a request runs on to its length.
+    first [B]: the request's first visible key (a sliding window's start; 0 without one)."""
     S = plan.max_splits
     L = cache_seqlens.long()[:, None]
     n = plan.num_splits.long()[:, None]
     c = plan.chunk_lens.long()[:, None]
     s = torch.arange(S, device=L.device)[None, :]
-    start = s * c
+    start = s * c if first is None else first.long()[:, None] + s * c
     end = torch.where(s == n - 1, L, torch.minimum(start + c, L))
     end = torch.where(s < n, torch.maximum(end, start), start)  # splits past num_splits are empty
     return start, end
@@ -65,11 +67,12 @@ def _gather(cache, pos, block_table, valid):
     return cache[torch.where(valid, pages, 0), pos % ps]
 
 
-def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal):
-    """Partials for every split: (o [S, B, Hq, Sq, D] fp32 normalised, lse [S, B, Hq, Sq] fp32)."""
+def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal, variant=PLAIN):
+    """Partials for every split: (o [S, B, Hq, Sq, D] fp32 normalised, lse [S, B, Hq, Sq] fp32).
+    The variant's window, softcap and ALiBi shape the scores here; its sinks enter after the merge."""
     B, Sq, Hq, D = q.shape
     Hkv, G = plan.num_kv_heads, plan.qhead_per_kvhead
-    start, end = split_bounds(plan, cache_seqlens)
+    start, end = split_bounds(plan, cache_seqlens, first_key(cache_seqlens, Sq, variant.window_left))
     C = max(int((end - start).max()) if end.numel() else 0, 1)
     pos = start[..., None] + torch.arange(C, device=q.device)  # [B, S, C]
     valid = pos < end[..., None]
@@ -80,10 +83,18 @@ def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, caus
     v = torch.where(valid[..., None, None], v.float(), 0.0)  # NaN in unused slots must not leak
     qf = q.float().reshape(B, Sq, Hkv, G, D)
     s = torch.einsum("bthgd,bschd->bshgtc", qf, k) * scale  # [B, S, Hkv, G, Sq, C]
+    if variant.softcap > 0:
+        s = variant.softcap * torch.tanh(s / variant.softcap)
     mask = valid[:, :, None, None, None, :]
+    qpos = cache_seqlens.long()[:, None] - Sq + torch.arange(Sq, device=q.device)  # [B, Sq]
+    dist = pos[:, :, None, None, None, :] - qpos[:, None, None, None, :, None]  # key - query position
+    if variant.alibi_slopes is not None:
+        s = s - variant.alibi_slopes.view(1, 1, Hkv, G, 1, 1) * dist.abs().float()
     if causal:
-        qpos = cache_seqlens.long()[:, None] - Sq + torch.arange(Sq, device=q.device)  # [B, Sq]
-        mask = mask & (pos[:, :, None, None, None, :] <= qpos[:, None, None, None, :, None])
+        mask = mask & (dist <= 0)
+    if variant.windowed:
+        left, right = variant.window_bounds()
+        mask = mask & (dist >= -left) & (dist <= right)
     s = s.masked_fill(~mask, NEG_INF)
     # as the kernels do: p = exp(s - max), o = (p @ v) / sum(p), so equal scores give exactly v
     # (FlashInfer's extreme-logits case); a row with no key has max -inf and sum 0 -> o = 0,
@@ -100,8 +111,9 @@ def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, caus
     return o, lse
 
 
-def merge(o_part, lse_part, num_splits, out, lse_out):
-    """Exact merge of split partials: out [B, Sq, Hq, D], lse_out [B, Hq, Sq].
+def merge(o_part, lse_part, num_splits, out, lse_out, *, sinks=None):
+    """Exact merge of split partials: out [B, Sq, Hq, D], lse_out [B, Hq, Sq]. sinks (float32 [Hq]
+    or None): attention-sink logits, one more softmax term per row with no value (splitkv.variants).
 
     o_part [S, B, Hq, Sq, D], lse_part [S, B, Hq, Sq]; only the first num_splits[b] splits of a
     request are read; an empty partial (lse -inf, or +inf as FlashAttention returns for a row with
@@ -121,8 +133,13 @@ def merge(o_part, lse_part, num_splits, out, lse_out):
     num = torch.where(live[..., None], w[..., None] * o_part.float(), 0.0).sum(dim=0)
     has = den != 0  # NaN passes: only a row with no live partial is 0 / -inf
     o = torch.where(has[..., None], num / torch.where(has, den, 1.0)[..., None], 0.0)  # [B, Hq, Sq, D]
+    lse = torch.where(has, m_safe + torch.log(torch.where(has, den, 1.0)), NEG_INF)
+    if sinks is not None:  # o shrinks by exp(lse - lse'); no key and no sink: o stays 0; NaN stays NaN
+        full = torch.logaddexp(lse, sinks.float()[None, :, None])
+        o = o * torch.where(full == NEG_INF, 1.0, torch.exp(lse - full))[..., None]
+        lse = full
     out.copy_(o.permute(0, 2, 1, 3))
-    lse_out.copy_(torch.where(has, m_safe + torch.log(torch.where(has, den, 1.0)), NEG_INF))
+    lse_out.copy_(lse)
 
 
 def _request_plan(max_splits, num_splits, chunk_lens, num_kv_heads, qhead_per_kvhead):
@@ -131,7 +148,8 @@ def _request_plan(max_splits, num_splits, chunk_lens, num_kv_heads, qhead_per_kv
                            num_kv_heads=num_kv_heads, qhead_per_kvhead=qhead_per_kvhead, batch_invariant=False)
 
 
-def run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+def run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+             variant=PLAIN):
     """The spec path: every split of the plan, partials in the workspace when it has one, merge."""
     if plan.batch_invariant and q.shape[0] > 1:
         # one request at a time: the padded split grid (and so every reduction's shape and order)
@@ -143,14 +161,15 @@ def run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_
             run_spec(q[b:b + 1], k_cache if paged else k_cache[b:b + 1], v_cache if paged else v_cache[b:b + 1],
                      cache_seqlens[b:b + 1], block_table[b:b + 1] if paged else None, one,
                      None if o_part is None else o_part[:, b:b + 1],
-                     None if lse_part is None else lse_part[:, b:b + 1], out[b:b + 1], lse[b:b + 1], scale, causal)
+                     None if lse_part is None else lse_part[:, b:b + 1], out[b:b + 1], lse[b:b + 1], scale, causal,
+                     variant)
         return
-    o_s, lse_s = run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal)
+    o_s, lse_s = run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal, variant)
     if o_part is not None:  # keep partials in the shared workspace layout (debug hook reads them)
         o_part.copy_(o_s)
         lse_part.copy_(lse_s)
         o_s, lse_s = o_part, lse_part
-    merge(o_s, lse_s, plan.num_splits, out, lse)
+    merge(o_s, lse_s, plan.num_splits, out, lse, sinks=variant.sinks)
 
 
 # ---- the fast path -------------------------------------------------------------------------------
@@ -237,8 +256,10 @@ def spec_wanted(plan) -> bool:
     return debug.active() or (getattr(plan, "forced", None) or 1) > 1
 
 
-def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
-    if q.device.type != "cpu" or spec_wanted(plan):
-        run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+        variant=PLAIN):
+    if q.device.type != "cpu" or spec_wanted(plan) or not variant.plain:  # ATen's kernel has no variants
+        run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+                 variant)
     else:
         run_fast(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)

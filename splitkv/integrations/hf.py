@@ -33,7 +33,7 @@ from ..api import decode
 from ..cache import PagedKVCache
 from ..plan import DecodePlan
 from ..plan import plan as make_plan
-from ..validate import SUPPORTED_HEAD_DIMS
+from ..validate import HEAD_DIM_RULE, head_dim_ok
 
 ATTN_NAME = "splitkv"
 _ACTIVE: contextvars.ContextVar[DecodeState | None] = contextvars.ContextVar("splitkv_hf_state", default=None)
@@ -139,9 +139,8 @@ def _model_dims(model):
     Hq = cfg.num_attention_heads
     Hkv = getattr(cfg, "num_key_value_heads", None) or Hq
     D = getattr(cfg, "head_dim", None) or cfg.hidden_size // Hq
-    if D not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"model: head dim {D} is not supported by splitkv "
-                         f"(expected one of {SUPPORTED_HEAD_DIMS})")
+    if not head_dim_ok(D):
+        raise ValueError(f"model: head dim {D} is not supported by splitkv (expected {HEAD_DIM_RULE})")
     return Hkv, D, cfg.num_hidden_layers
 
 

@@ -52,7 +52,10 @@ def _launch():
     return launch
 
 
-def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+        variant=None):
+    if variant is not None and not variant.plain:  # the plan never picks cutlass for one (plan.build)
+        raise ValueError("backend: 'cutlass' has no attention variants; use backend='triton' or 'auto'")
     _launch().run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale,
                   causal)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ...constants import LOG2E
+from ...variants import PLAIN
 from .fastlaunch import Bound, FastLauncher
 from .merge_kernel import merge_kernel
 from .schedule_kernel import schedule_kernel
@@ -31,7 +32,7 @@ def schedule(cache_seqlens, sched, rule, bound: Bound | None = None) -> None:
 
     def build():
         return (_schedule, (B, cache_seqlens.stride(0), sched.stride(0), rule.max_splits, rule.splits,
-                            rule.chunk_tiles, rule.target, rule.ragged_target, rule.min_tiles),
+                            rule.chunk_tiles, rule.target, rule.ragged_target, rule.min_tiles, rule.span_cap),
                 dict(MODE=_MODES[rule.mode], BLOCK_N=rule.block_n, BLOCK_B=max(16, 1 << (B - 1).bit_length()),
                      SHORT_KEYS=rule.short_keys, CAP=rule.cap, BALANCE=rule.balance), 4, 1)
 
@@ -44,26 +45,36 @@ def schedule(cache_seqlens, sched, rule, bound: Bound | None = None) -> None:
                  (cache_seqlens.data_ptr() & 15) == 0, build)
 
 
-def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
-    """out [B, T, H, D], lse [B, H, T] <- merge of o_part [S, B, H, T, D], lse_part [S, B, H, T]."""
+def _block_d(head_dim: int) -> int:
+    return 1 << (head_dim - 1).bit_length()  # Triton tiles are powers of 2: D is padded and masked
+
+
+def _merge_constexprs(H, T, D, S, skip_single, sinks) -> dict:
+    return dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_merge_block_s(S), SKIP_SINGLE=skip_single,
+                BLOCK_D=_block_d(D), SINKS=sinks)
+
+
+def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False, sinks=None):
+    """out [B, T, H, D], lse [B, H, T] <- merge of o_part [S, B, H, T, D], lse_part [S, B, H, T]
+    (sinks: float32 [H] attention-sink logits joined to each row once, or None)."""
     S, B, H, T, D = o_part.shape
     if B * H * T == 0:
         return
-    _merge((B * H * T,), (o_part, lse_part, num_splits, out, lse),
+    _merge((B * H * T,), (o_part, lse_part, num_splits, out, lse, sinks if sinks is not None else num_splits),
            (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride()),
-           dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_merge_block_s(S), SKIP_SINGLE=skip_single),
-           4 if D >= 128 else 2, 1)
+           _merge_constexprs(H, T, D, S, skip_single, sinks is not None), 4 if D >= 128 else 2, 1)
 
 
-def _split_key(q, k_cache, v_cache, block_table, out, scale, causal) -> tuple:
+def _split_key(q, k_cache, v_cache, block_table, out, scale, causal, variant=PLAIN) -> tuple:
     # the plan fixes everything else (its workspace and tables are 128 / 16-byte aligned); lse is
     # always a contiguous [B, Hq, Sq]
     paged = block_table is not None
     return (q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
-            block_table.stride(0) if paged else -1, causal, scale, q.dtype)
+            block_table.stride(0) if paged else -1, causal, scale, q.dtype, variant.key())
 
 
-def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+        variant=PLAIN):
     B, Sq, Hq, D = q.shape
     if B == 0:
         return
@@ -74,10 +85,12 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     lp = lse_part if parts else lse
     counters = plan.counters if plan.fuse else cache_seqlens  # never touched unless fused
     nsplits, chunks = plan.num_splits, plan.chunk_lens
-    tensors = (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, bt, op, lp, out, lse, counters)
-    key = _split_key(q, k_cache, v_cache, block_table, out, scale, causal)
+    sinks, slopes = variant.sinks, variant.alibi_slopes
+    tensors = (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, bt, op, lp, out, lse, counters,
+               sinks if sinks is not None else cache_seqlens, slopes if slopes is not None else cache_seqlens)
+    key = _split_key(q, k_cache, v_cache, block_table, out, scale, causal, variant)
     aligned = ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | bt.data_ptr()
-                | out.data_ptr() | lse.data_ptr()) & 15) == 0
+                | out.data_ptr() | lse.data_ptr() | tensors[12].data_ptr() | tensors[13].data_ptr()) & 15) == 0
     grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
 
     def build():
@@ -85,13 +98,17 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         qs, ks, vs = q.stride(), k_cache.stride(), v_cache.stride()
         p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
         l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
-        scalars = (scale * LOG2E, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+        cap = variant.softcap
+        qk_mul, cap_mul = (scale / cap, cap * LOG2E) if cap > 0 else (scale * LOG2E, 1.0)
+        win_left, win_right = variant.window_bounds()
+        scalars = (qk_mul, cap_mul, win_left, win_right, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
                    bt.stride(0) if paged else 0, *p_strides, *l_strides, out.stride(0), out.stride(1),
                    out.stride(2), lse.stride(0), lse.stride(1))
         cx = dict(NUM_KV_HEADS=plan.num_kv_heads, M_TILES=plan.m_tiles, G=plan.qhead_per_kvhead, SQ=Sq,
                   HEAD_DIM=D, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                   PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged, CAUSAL=bool(causal and Sq > 1),
-                  UPCAST=_INTERPRET, FUSED_MERGE=plan.fuse)
+                  UPCAST=_INTERPRET, FUSED_MERGE=plan.fuse, BLOCK_D=_block_d(D), SOFTCAP=cap > 0,
+                  ALIBI=slopes is not None, WINDOW=variant.windowed, SINKS=sinks is not None)
         return _split, scalars, cx, tile.num_warps, tile.num_stages
 
     plan.launches.launch(("split", key), grid, tensors, aligned, build)
@@ -101,11 +118,10 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         def build_merge():
             return (_merge, (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1),
                              out.stride(2), *lse.stride()),
-                    dict(NUM_HEADS=H, T=T, HEAD_DIM=D, BLOCK_S=_merge_block_s(S), SKIP_SINGLE=True),
-                    4 if D >= 128 else 2, 1)
+                    _merge_constexprs(H, T, D, S, True, sinks is not None), 4 if D >= 128 else 2, 1)
 
-        plan.launches.launch(("merge", out.stride(), lse.stride()), (B * H * T,),
-                             (o_part, lse_part, nsplits, out, lse), aligned, build_merge)
+        plan.launches.launch(("merge", out.stride(), lse.stride(), sinks is not None), (B * H * T,),
+                             (o_part, lse_part, nsplits, out, lse, tensors[12]), aligned, build_merge)
 
 
 def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
@@ -124,7 +140,7 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
     ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
     if plan.o_part is None:
         def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, lens)
+            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, lens, lens, lens)
 
         return launch
     op, lp = plan.o_part.data_ptr(), plan.lse_part.data_ptr()
@@ -132,16 +148,16 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
         cnt = plan.counters.data_ptr()
 
         def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt)
+            split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt, lens, lens)
 
         return launch
-    comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride()))
+    comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride(), False))
     comb = comb_hit[2] if comb_hit is not None else None
     if comb is None:
         return None
 
     def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, lens)
-        comb(stream, op, lp, ns, o, lse_p)
+        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, lens, lens, lens)
+        comb(stream, op, lp, ns, o, lse_p, ns)
 
     return launch

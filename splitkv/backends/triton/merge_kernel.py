@@ -7,6 +7,8 @@ what FlashAttention returns for a row with no key) weighs exactly 0 and its o_i 
 may hold anything, NaN included); a row whose every partial is empty gives o = 0, lse = -inf. A
 NaN lse_i propagates: o and lse of the row are NaN (never mistaken for an empty row). With
 SKIP_SINGLE, rows of requests with one split are left alone (the split kernel already wrote them).
+With SINKS, each row's softmax takes one more term exp(sinks[h]) with no value (splitkv.variants).
+D is padded to BLOCK_D (a power of 2); columns past D are masked.
 
 Layouts: o_part [S, B, H, T, D] (any float dtype, unit stride on D), lse_part [S, B, H, T] fp32,
 out [B, T, H, D], lse [B, H, T]; strides are arguments, so merge_states feeds partials from
@@ -19,14 +21,27 @@ import triton.language as tl
 
 
 @triton.jit
+def with_sink(lse, sink):
+    """(w, lse') for a finished softmax row joined by one more term, exp(sink), that has no value:
+    lse' = log(exp(lse) + exp(sink)) and the row's o shrinks to w * o, w = exp(lse - lse'). A row
+    with no key (lse = -inf) keeps o = 0 and gets lse' = sink; sink = -inf changes nothing; NaN
+    propagates. Elementwise: lse and sink are [M] or scalars."""
+    m = tl.maximum(lse, sink)
+    none = m == float("-inf")
+    m_use = tl.where(none, 0.0, m)
+    total = tl.where(none, float("-inf"), m_use + tl.log(tl.exp(lse - m_use) + tl.exp(sink - m_use)))
+    return tl.where(none, 1.0, tl.exp(lse - total)), total
+
+
+@triton.jit
 def merge_kernel(
-    O_PART, LSE_PART, NSPLITS, O, LSE, max_splits,
+    O_PART, LSE_PART, NSPLITS, O, LSE, SINKS_PTR, max_splits,
     s_ps, s_pb, s_ph, s_pt,
     s_ls, s_lb, s_lh, s_lt,
     s_ob, s_ot, s_oh,
     s_lob, s_loh, s_lot,
     NUM_HEADS: tl.constexpr, T: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-    SKIP_SINGLE: tl.constexpr,
+    SKIP_SINGLE: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     t = pid % T
@@ -42,7 +57,8 @@ def merge_kernel(
     t64 = t.to(tl.int64)
     lse_row = LSE_PART + b64 * s_lb + h64 * s_lh + t64 * s_lt
     o_row = O_PART + b64 * s_pb + h64 * s_ph + t64 * s_pt
-    d = tl.arange(0, HEAD_DIM)
+    d = tl.arange(0, BLOCK_D)  # D padded to a power of 2; columns past D masked
+    d_ok = d < HEAD_DIM
 
     # while, not range: the loop is short and runs the same under TRITON_INTERPRET (where a
     # loaded scalar is a 1-element array that `range` rejects)
@@ -58,7 +74,7 @@ def merge_kernel(
     m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
 
     den = tl.zeros([BLOCK_S], tl.float32)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
     s0 = tl.full((), 0, tl.int64)
     while s0 < n:
         ok = s0 + offs < n
@@ -66,7 +82,8 @@ def merge_kernel(
         empty = (ls == float("-inf")) | (ls == float("inf"))
         w = tl.where(empty, 0.0, tl.exp(ls - m_use))  # exactly 0 for an empty partial; NaN stays NaN
         live = w != 0.0  # NaN != 0: a NaN partial is read (and poisons the row), an empty one never
-        o = tl.load(o_row + (s0 + offs)[:, None] * s_ps + d[None, :], mask=live[:, None], other=0.0)
+        o = tl.load(o_row + (s0 + offs)[:, None] * s_ps + d[None, :], mask=live[:, None] & d_ok[None, :],
+                    other=0.0)
         acc += tl.sum(tl.where(live[:, None], o.to(tl.float32) * w[:, None], 0.0), 0)
         den += w
         s0 += BLOCK_S
@@ -74,5 +91,8 @@ def merge_kernel(
     has = total != 0.0  # NaN passes: only a row with no live partial is 0 / -inf
     o_out = tl.where(has, acc / tl.where(has, total, 1.0), 0.0)
     lse_out = tl.where(has, m_use + tl.log(tl.where(has, total, 1.0)), float("-inf"))
-    tl.store(O + b64 * s_ob + t64 * s_ot + h64 * s_oh + d, o_out.to(O.dtype.element_ty))
+    if SINKS:  # attention sinks: one more softmax term per row, joined once, here
+        w, lse_out = with_sink(lse_out, tl.load(SINKS_PTR + h))
+        o_out = o_out * w
+    tl.store(O + b64 * s_ob + t64 * s_ot + h64 * s_oh + d, o_out.to(O.dtype.element_ty), mask=d_ok)
     tl.store(LSE + b64 * s_lob + h64 * s_loh + t64 * s_lot, lse_out)

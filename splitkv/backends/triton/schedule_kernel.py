@@ -2,7 +2,8 @@
 
 It computes exactly heuristics.schedule (the specification, in PyTorch; tests check they agree):
 per request b, num_splits[b] and chunk_lens[b] (keys per split, block_n-aligned, equal within the
-request) from the actual lengths and the host-side SplitRule. Reading the lengths here, not on the
+request) from the actual lengths (capped at the rule's span_cap: the keys a sliding window
+shows) and the host-side SplitRule. Reading the lengths here, not on the
 host, is what keeps decode free of a device->host sync and capturable in a CUDA graph.
 
 Layouts: LENS any int32 [B] with stride s_len (a strided view is read as is); SCHED int32
@@ -32,11 +33,12 @@ def _search(t, ok, lo, hi, target):
 
 @triton.jit
 def schedule_kernel(LENS, SCHED, B, s_len, s_row, max_splits, splits, chunk_tiles, target, ragged_target,
-                    min_tiles, MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                    min_tiles, span_cap, MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                     SHORT_KEYS: tl.constexpr, CAP: tl.constexpr, BALANCE: tl.constexpr):
     offs = tl.arange(0, BLOCK_B)
     ok = offs < B
     L = tl.maximum(tl.load(LENS + offs.to(tl.int64) * s_len, mask=ok, other=0), 0)
+    L = tl.minimum(L, span_cap)  # a sliding window: only the keys the queries can see are split
     t = (L + BLOCK_N - 1) // BLOCK_N
     if MODE == 1:
         n = tl.zeros_like(t) + splits

@@ -1,7 +1,12 @@
 """Triton split kernel: one program = (split s, request b, KV head, query tile).
 
 Algorithm: online softmax (base 2) over the keys of split s of request b,
-    keys [s * chunk_lens[b], min((s+1) * chunk_lens[b], L_b))  (the last split runs on to L_b),
+    keys [f + s * chunk_lens[b], min(f + (s+1) * chunk_lens[b], L_b))  (the last split runs on to L_b),
+where f = 0, or with a sliding window the first key any query sees, max(0, L_b - Sq - left).
+Variants (splitkv.variants has the math; constexpr flags, so a plain decode compiles none of it):
+SOFTCAP (tanh), ALIBI (slope x distance), WINDOW (masks + the start f), SINKS (joined to the
+softmax once per row: in the unsplit store or the merge, never in a partial).
+Head dims: any D, padded to BLOCK_D (a power of 2) in registers; columns past D are masked.
 with all qhead_per_kvhead query heads of the KV head x Sq tokens packed as the M rows of one
 tile (row r -> token r // G, head kvh * G + r % G), so each K/V byte is read once per KV head.
 
@@ -26,16 +31,27 @@ import triton
 import triton.language as tl
 
 from ...constants import LN2 as _LN2
+from ...constants import LOG2E as _LOG2E
+from .merge_kernel import with_sink
 
 LN2 = tl.constexpr(_LN2)  # the host passes scale * LOG2E (splitkv.constants): the kernel works in base 2
+LOG2E = tl.constexpr(_LOG2E)
 
 
 @triton.jit
-def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scale_log2,
-                 s_kb, s_kn, s_vb, s_vn, s_btb,
+def _tanh(x):
+    """tanh in fp32 from exp2 (portable: the interpreter has no libdevice); +-1 beyond |x| ~ 9."""
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc, qk_mul, cap_mul, slope,
+                 win_left, win_right, s_kb, s_kn, s_vb, s_vn, s_btb,
                  BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
-                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr):
-    """One key tile [n0, n0 + BLOCK_N) of the online softmax; returns the updated (m, l, acc)."""
+                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                 WINDOW: tl.constexpr):
+    """One key tile [n0, min(n0 + BLOCK_N, end)) of the online softmax (keys past end are never
+    read); returns the updated (m, l, acc). Scores are in base 2 (qk_mul, cap_mul, slope carry LOG2E)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < end
     if PAGED:
@@ -46,15 +62,23 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scal
     else:
         k_row = b.to(tl.int64) * s_kb + offs_n.to(tl.int64) * s_kn  # B * Lmax * Hkv * D may pass 2^31
         v_row = b.to(tl.int64) * s_vb + offs_n.to(tl.int64) * s_vn
-    k = tl.load(k_head + k_row[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
-    v = tl.load(v_head + v_row[:, None] + d[None, :], mask=n_ok[:, None], other=0.0)
+    kv_ok = n_ok[:, None] & d_ok[None, :]  # columns past the head dim (padded to a power of 2): 0
+    k = tl.load(k_head + k_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(v_head + v_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    s = tl.dot(q, tl.trans(k)) * scale_log2
+    s = tl.dot(q, tl.trans(k)) * qk_mul
+    if SOFTCAP:  # qk_mul = scale / softcap, cap_mul = softcap * LOG2E
+        s = _tanh(s) * cap_mul
+    dist = offs_n[None, :] - qpos[:, None]  # key position - query position
+    if ALIBI:
+        s -= slope[:, None] * tl.abs(dist).to(tl.float32)
     ok = n_ok[None, :]
     if CAUSAL:
-        ok = ok & (offs_n[None, :] <= qpos[:, None])
+        ok = ok & (dist <= 0)
+    if WINDOW:
+        ok = ok & (dist >= -win_left) & (dist <= win_right)
     s = tl.where(ok, s, float("-inf"))
     # NaN scores (NaN in q or a used key): whether max keeps the NaN (interpreter) or drops it
     # (GPU maxnumf), p = exp2(NaN - m) is NaN, so l and acc turn NaN and stay NaN
@@ -68,8 +92,8 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scal
 
 
 @triton.jit
-def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows, lse_rows, row_ok,
-                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows, lse_rows, row_ok, d_ok, sink,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr):
     """Exact merge of n normalised partials of BLOCK_M rows (same math and NaN / empty rules as
     merge_kernel.py). Loads bypass L1 (.cg): the partials were written by other SMs."""
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -81,7 +105,7 @@ def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows,
         s += 1
     m_use = tl.where(m == float("-inf"), 0.0, m)
     den = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     s = tl.full((), 0, tl.int64)
     while s < n:
         ls = tl.load(LSE_PART + s * s_ls + l_rows, mask=row_ok, other=float("-inf"),
@@ -89,20 +113,24 @@ def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows,
         empty = (ls == float("-inf")) | (ls == float("inf"))  # weight exactly 0, o never read
         w = tl.where(empty, 0.0, tl.exp(ls - m_use))  # NaN lse -> NaN weight: propagates
         live = w != 0.0  # NaN != 0: a NaN partial is read and poisons the row, as it must
-        o = tl.load(O_PART + s * s_ps + p_rows, mask=live[:, None], other=0.0, cache_modifier=".cg")
+        o = tl.load(O_PART + s * s_ps + p_rows, mask=live[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
         acc += tl.where(live[:, None], o * w[:, None], 0.0)
         den += w
         s += 1
     has = den != 0.0  # NaN passes; only a row with no live partial is 0 / -inf
     out = tl.where(has[:, None], acc / tl.where(has, den, 1.0)[:, None], 0.0)
-    tl.store(O + o_rows, out.to(O.dtype.element_ty), mask=row_ok[:, None])
-    tl.store(LSE + lse_rows, tl.where(has, m_use + tl.log(tl.where(has, den, 1.0)), float("-inf")), mask=row_ok)
+    lse = tl.where(has, m_use + tl.log(tl.where(has, den, 1.0)), float("-inf"))
+    if SINKS:
+        w, lse = with_sink(lse, sink)
+        out = out * w[:, None]
+    tl.store(O + o_rows, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + lse_rows, lse, mask=row_ok)
 
 
 @triton.jit
 def split_kernel(
-    Q, K, V, SEQLENS, NSPLITS, CHUNKS, BT, O_PART, LSE_PART, O, LSE, COUNTERS,
-    scale_log2,
+    Q, K, V, SEQLENS, NSPLITS, CHUNKS, BT, O_PART, LSE_PART, O, LSE, COUNTERS, SINKS_PTR, ALIBI_PTR,
+    qk_mul, cap_mul, win_left, win_right,
     s_qb, s_qt, s_qh,
     s_kb, s_kn, s_kh,
     s_vb, s_vn, s_vh,
@@ -114,7 +142,8 @@ def split_kernel(
     NUM_KV_HEADS: tl.constexpr, M_TILES: tl.constexpr, G: tl.constexpr, SQ: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    WINDOW: tl.constexpr, SINKS: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)
@@ -127,7 +156,10 @@ def split_kernel(
     chunk = tl.load(CHUNKS + b)
     if split >= n_splits:
         return
-    start = split * chunk
+    first = 0  # the first key any query of the request sees (splitkv.variants.first_key)
+    if WINDOW:
+        first = tl.maximum(seqlen - SQ - win_left, 0)
+    start = first + split * chunk
     end = tl.minimum(start + chunk, seqlen)
     if split == n_splits - 1:
         end = seqlen
@@ -136,34 +168,40 @@ def split_kernel(
     row_ok = rows < SQ * G
     tok = rows // G
     head = kvh * G + rows % G
-    d = tl.arange(0, HEAD_DIM)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
     # 64-bit offsets: cast every index before it meets a stride (the products may pass 2^31)
     b64 = b.to(tl.int64)
     tok64 = tok.to(tl.int64)
     head64 = head.to(tl.int64)
     q = tl.load(Q + b64 * s_qb + tok64[:, None] * s_qt + head64[:, None] * s_qh + d[None, :],
-                mask=row_ok[:, None], other=0.0)
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:  # the interpreter's bf16 dot is wrong (triton#11584): do it in fp32 there
         q = q.to(tl.float32)
     qpos = seqlen - SQ + tok  # bottom-right causal: absolute position of each row's token
+    slope = tl.zeros([BLOCK_M], tl.float32)
+    if ALIBI:
+        slope = tl.load(ALIBI_PTR + head, mask=row_ok, other=0.0) * LOG2E
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_head = K + kvh.to(tl.int64) * s_kh  # (Hkv - 1) * s_kh passes 2^31 for [B, Hkv, L, D] storage
     v_head = V + kvh.to(tl.int64) * s_vh
     if UPCAST:  # interpreter: program ids are 1-element arrays, which `range` rejects
         n0 = start
         while n0 < end:
-            m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scale_log2,
-                                         s_kb, s_kn, s_vb, s_vn, s_btb,
-                                         BLOCK_N, PAGE_SIZE, PAGED, CAUSAL, UPCAST)
+            m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
+                                         qk_mul, cap_mul, slope, win_left, win_right,
+                                         s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
+                                         UPCAST, SOFTCAP, ALIBI, WINDOW)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d, m_i, l_i, acc, scale_log2,
-                                         s_kb, s_kn, s_vb, s_vn, s_btb,
-                                         BLOCK_N, PAGE_SIZE, PAGED, CAUSAL, UPCAST)
+            m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
+                                         qk_mul, cap_mul, slope, win_left, win_right,
+                                         s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
+                                         UPCAST, SOFTCAP, ALIBI, WINDOW)
 
     # saw a key: l != 0 (l >= 1 after any finite score). NaN != 0, so a NaN row keeps o = NaN and
     # lse = NaN; only a row with no visible key (l == 0) is o = 0, lse = -inf
@@ -172,13 +210,19 @@ def split_kernel(
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
     o_rows = b64 * s_ob + tok64[:, None] * s_ot + head64[:, None] * s_oh + d[None, :]
     lse_rows = b64 * s_lob + head64 * s_loh + tok64
+    sink = tl.zeros([BLOCK_M], tl.float32)
+    if SINKS:
+        sink = tl.load(SINKS_PTR + head, mask=row_ok, other=0.0)
     if n_splits == 1:
-        tl.store(O + o_rows, o.to(O.dtype.element_ty), mask=row_ok[:, None])
+        if SINKS:  # the sink enters once per row: here, or where the splits are merged
+            w, lse = with_sink(lse, sink)
+            o = o * w[:, None]
+        tl.store(O + o_rows, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE + lse_rows, lse, mask=row_ok)
     else:
         p_rows = b64 * s_pb + head64[:, None] * s_ph + tok64[:, None] * s_pt + d[None, :]
         l_rows = b64 * s_lb + head64 * s_lh + tok64
-        tl.store(O_PART + split.to(tl.int64) * s_ps + p_rows, o, mask=row_ok[:, None])
+        tl.store(O_PART + split.to(tl.int64) * s_ps + p_rows, o, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE_PART + split.to(tl.int64) * s_ls + l_rows, lse, mask=row_ok)
         if FUSED_MERGE:
             # the last split block of this (request, KV head, m-tile) to finish merges all of them,
@@ -189,4 +233,4 @@ def split_kernel(
             if arrived == n_splits - 1:
                 tl.atomic_xchg(COUNTERS + pid, 0)
                 _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n_splits, s_ps, s_ls,
-                            o_rows, lse_rows, row_ok, BLOCK_M, HEAD_DIM)
+                            o_rows, lse_rows, row_ok, d_ok, sink, BLOCK_M, BLOCK_D, SINKS)
