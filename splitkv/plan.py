@@ -271,7 +271,7 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,
          q_len: int = 1, num_splits: int | None = None, max_seqlen: int | None = None,
          num_sms: int | None = None, backend: str = "auto", paged: bool = False,
-         dtype: torch.dtype | None = None, batch_invariant: bool = False, window_size=(-1, -1),
+         dtype: torch.dtype | None = None, batch_invariant: bool = False, window_size: tuple[int, int] = (-1, -1),
          softcap: float = 0.0, sinks: torch.Tensor | None = None,
          alibi_slopes: torch.Tensor | None = None) -> DecodePlan:
     """Plan a decode step once; pass it to every layer's `decode(..., plan=p)`.

@@ -64,13 +64,15 @@ def decode_reference(
     for b, L in enumerate(lengths):
         if L == 0:
             continue
-        k = gather_keys(k_cache, b, L, block_table).to(dtype).repeat_interleave(group, dim=1)
-        v = gather_keys(v_cache, b, L, block_table).to(dtype).repeat_interleave(group, dim=1)
-        s = torch.einsum("qhd,khd->hqk", q[b].to(dtype), k) * scale  # [Hq, Sq, L]
+        # keys before a left window's reach are seen by no query: never gathered (NaN there stays out)
+        lo = max(0, L - Sq - window_size[0]) if window_size[0] >= 0 else 0
+        k = gather_keys(k_cache, b, L, block_table)[lo:].to(dtype).repeat_interleave(group, dim=1)
+        v = gather_keys(v_cache, b, L, block_table)[lo:].to(dtype).repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[b].to(dtype), k) * scale  # [Hq, Sq, L - lo]
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
         qpos = torch.arange(Sq, device=q.device)[:, None] + (L - Sq)  # [Sq, 1]
-        dist = torch.arange(L, device=q.device)[None, :] - qpos  # [Sq, L]: key position - query position
+        dist = torch.arange(lo, L, device=q.device)[None, :] - qpos  # [Sq, L - lo]: key - query position
         if alibi_slopes is not None:
             s = s - alibi_slopes.to(dtype)[:, None, None] * dist.abs().to(dtype)
         hidden = torch.zeros_like(dist, dtype=torch.bool)

@@ -141,7 +141,7 @@ def test_inputs_are_checked(hf, tf, fp32_case):
     with pytest.raises(ValueError, match="max_new_tokens"):
         hf.generate(model, ids, 0)
     with pytest.raises(ValueError, match="head dim"):
-        hf.generate(_model(tf, head_dim=32), ids, 2)
+        hf.generate(_model(tf, head_dim=36), ids, 2)
 
 
 @pytest.mark.gpu

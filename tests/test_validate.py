@@ -58,8 +58,8 @@ def test_seqlens_wrong_length_dtype_device_values():
 
 def test_sq_too_large_and_head_dim_unsupported():
     _check(ValueError, "Sq", q=torch.randn(2, 17, 8, 64, dtype=torch.float16))
-    _check(ValueError, "head dim", q=torch.randn(2, 1, 8, 80, dtype=torch.float16),
-           k_cache=torch.randn(2, 32, 2, 80, dtype=torch.float16), v_cache=torch.randn(2, 32, 2, 80, dtype=torch.float16))
+    _check(ValueError, "head dim", q=torch.randn(2, 1, 8, 84, dtype=torch.float16),
+           k_cache=torch.randn(2, 32, 2, 84, dtype=torch.float16), v_cache=torch.randn(2, 32, 2, 84, dtype=torch.float16))
 
 
 def test_non_unit_stride_on_d():

@@ -32,7 +32,7 @@ def test_warmup_single_values_and_page_sizes():
 
 
 @pytest.mark.parametrize("kwargs, arg", [
-    (dict(head_dims=(96,)), "head_dims"),
+    (dict(head_dims=(100,)), "head_dims"),
     (dict(head_dims=()), "head_dims"),
     (dict(head_dims="128"), "head_dims"),
     (dict(dtypes=(torch.int8,)), "dtypes"),

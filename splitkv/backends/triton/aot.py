@@ -89,17 +89,30 @@ def _resources(kernel, arch: int) -> dict:
                 smem=kernel.metadata.shared)
 
 
+NO_VARIANT = dict(SOFTCAP=False, ALIBI=False, WINDOW=False, SINKS=False)
+ALL_VARIANTS = dict(SOFTCAP=True, ALIBI=True, WINDOW=True, SINKS=True)
+
+
 def split_variants():
-    """(constexprs, tile) for every head dim x packed-row class x paging x causal the plan can pick."""
+    """(constexprs, tile) for every head dim x packed-row class x paging x causal the plan can pick,
+    plain; then padded head dims (80, 96, 192) and every attention variant at once."""
     for D, rows, paged, causal, splitting in itertools.product((64, 128, 256), (1, 4, 32, 256), (False, True),
                                                                (False, True), (True, False)):
         if (causal and rows == 1) or (not splitting and (D == 256 or causal)):
             continue  # Sq = 1 has no causal mask; the unsplit tile differs only for D <= 128
-        tile = H.tile_config(D, rows, splitting)
-        G, SQ = (rows, 1) if rows <= 16 else (16, rows // 16)
-        yield dict(NUM_KV_HEADS=8, M_TILES=H.query_tiles(rows, tile.block_m), G=G, SQ=SQ, HEAD_DIM=D,
-                   BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
-                   CAUSAL=causal, UPCAST=False, FUSED_MERGE=splitting), tile
+        yield _split_constexprs(D, rows, paged, causal, splitting, NO_VARIANT)
+    for D, paged, var in itertools.product((80, 96, 128, 192), (False, True), (NO_VARIANT, ALL_VARIANTS)):
+        if D != 128 or var is ALL_VARIANTS:
+            yield _split_constexprs(D, 4, paged, False, True, var)
+
+
+def _split_constexprs(D, rows, paged, causal, splitting, var):
+    tile = H.tile_config(D, rows, splitting)
+    G, SQ = (rows, 1) if rows <= 16 else (16, rows // 16)
+    return dict(NUM_KV_HEADS=8, M_TILES=H.query_tiles(rows, tile.block_m), G=G, SQ=SQ, HEAD_DIM=D,
+                BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
+                CAUSAL=causal, UPCAST=False, FUSED_MERGE=splitting, BLOCK_D=1 << (D - 1).bit_length(),
+                **var), tile
 
 
 def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> list[dict]:
@@ -111,16 +124,18 @@ def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> li
     for cx, tile in split_variants():
         sig = {n: "i32" for n in split_kernel.arg_names if n not in cx}
         sig.update(Q=ptr, K=ptr, V=ptr, SEQLENS="*i32", NSPLITS="*i32", CHUNKS="*i32", BT="*i32",
-                   O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, COUNTERS="*i32", scale_log2="fp32")
+                   O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, COUNTERS="*i32", SINKS_PTR=f32, ALIBI_PTR=f32,
+                   qk_mul="fp32", cap_mul="fp32")
         k = _compile(split_kernel, sig, cx, arch, tile.num_warps, H.launch_stages(tile, cx["PAGED"]))
         rows.append(dict(kernel="split", **{k_: v for k_, v in cx.items() if k_ not in ("UPCAST",)},
                          **_resources(k, arch)))
-    for D in (64, 128, 256):
-        cx = dict(NUM_HEADS=32, T=1, HEAD_DIM=D, BLOCK_S=16, SKIP_SINGLE=True)
+    for D, sinks in ((64, False), (128, False), (256, False), (80, True), (192, True)):
+        cx = dict(NUM_HEADS=32, T=1, HEAD_DIM=D, BLOCK_S=16, SKIP_SINGLE=True, BLOCK_D=1 << (D - 1).bit_length(),
+                  SINKS=sinks)
         sig = {n: "i32" for n in merge_kernel.arg_names if n not in cx}
-        sig.update(O_PART=f32, LSE_PART=f32, NSPLITS="*i32", O=ptr, LSE=f32)
+        sig.update(O_PART=f32, LSE_PART=f32, NSPLITS="*i32", O=ptr, LSE=f32, SINKS_PTR=f32)
         k = _compile(merge_kernel, sig, cx, arch, 4, 1)
-        rows.append(dict(kernel="merge", HEAD_DIM=D, **_resources(k, arch)))
+        rows.append(dict(kernel="merge", HEAD_DIM=D, SINKS=sinks, **_resources(k, arch)))
     if verbose:
         for r in rows:
             print(r)
