@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests, demo, benchmarks; everything lands under $OUT.
-#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|cutlass|graphtune|hf|all ...]
+#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|cutlass|graphtune|variants|hf|all ...]
 #   BENCH_ARGS overrides the bench's suite/providers (default: $BENCH_DEFAULT below)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -13,7 +13,7 @@ has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
   python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)";
   python -c "import cutlass;print('cutlass-dsl ok')" 2>&1 | tail -1; date -u; } | tee "$OUT/env.txt"
 if has tests; then
-  python -m pytest -m gpu ${GPU_TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  python -m pytest -m gpu ${GPU_TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider --durations=12 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
 if has demo; then python -m splitkv demo 2>&1 | tee "$OUT/demo.log"; fi
 if has tune; then python benchmarks/triton_tune.py --out "$OUT" 2>&1 | tee "$OUT/tune.log" | grep -v '^ ' | tail -150; fi
@@ -26,6 +26,7 @@ fi
 if has cutlass; then python benchmarks/gpu_cutlass.py --out "$OUT" ${CUTLASS_ARGS:-} 2>&1 | tee "$OUT/cutlass.log" | tail -60; fi
 if has host; then python benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log" | tail -50; fi
 if has graphtune; then python benchmarks/triton_tune.py --graph-only --out "$OUT" 2>&1 | tee "$OUT/graphtune.log" | grep GRAPH; fi
+if has variants; then python benchmarks/variants.py --out "$OUT" 2>&1 | tee "$OUT/variants.log" | tail -40; fi
 if has hf; then python benchmarks/hf_decode.py --out "$OUT/hf_decode.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -15; fi
 # at most 8 files come back: up to 7 results (the JSON files, then bench.md) stay as they are,
 # everything else (logs, plots, env.txt) goes into one archive
