@@ -1,6 +1,8 @@
 """Hugging Face transformers decode through splitkv: a registered attention function plus cache glue,
 no fork of the model code. Llama-family models (those whose attention calls
-`ALL_ATTENTION_FUNCTIONS[config._attn_implementation]` with post-RoPE query/key/value).
+`ALL_ATTENTION_FUNCTIONS[config._attn_implementation]` with post-RoPE query/key/value), with the
+attention variants such models pass it: Mistral / Qwen2 / gpt-oss sliding windows (per layer, as
+`layer_types` says), Gemma 2's logit softcapping, gpt-oss's attention sinks.
 
     ids = splitkv.integrations.hf.generate(model, input_ids, 32, attention_mask=mask)
 
@@ -56,8 +58,11 @@ class DecodeState:
     positions: torch.Tensor  # int64 [B]: position of each request's next token
     backend: str = "auto"
     num_splits: int | None = None
-    plan: DecodePlan | None = field(default=None, repr=False)  # kept across steps, refreshed at layer 0
-    refreshed: bool = field(default=False, repr=False)  # this step's split table is computed
+    plan: DecodePlan | None = field(default=None, repr=False)  # the plan the last layer ran
+    # one plan per attention variant (a sliding-window layer plans its window), kept across steps
+    # and refreshed once per step at the first layer that uses it
+    plans: dict = field(default_factory=dict, repr=False)
+    refreshed: set = field(default_factory=set, repr=False)  # variants whose split table is computed this step
 
     def free(self) -> None:
         for sid in self.seq_ids:
@@ -65,9 +70,26 @@ class DecodeState:
         self.seq_ids = []
 
 
-def splitkv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def _variant(sliding_window, softcap, s_aux) -> dict:
+    """splitkv.decode's variant arguments from what transformers passes an attention function:
+    sliding_window (keys within the last `sliding_window` positions, the query's own included:
+    window_size left = sliding_window - 1), softcap (Gemma 2's attn_logit_softcapping), s_aux
+    (gpt-oss's per-head attention sinks)."""
+    kw = {}
+    if sliding_window:
+        kw["window_size"] = (int(sliding_window) - 1, -1)
+    if softcap:
+        kw["softcap"] = float(softcap)
+    if s_aux is not None:
+        kw["sinks"] = s_aux.detach().float().contiguous()
+    return kw
+
+
+def splitkv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                      softcap=None, s_aux=None, **kwargs):
     """transformers attention function: query [B, Hq, Sq, D], key/value [B, Hkv, Sq, D] of the new
-    tokens (post-RoPE) -> (attn_output [B, Sq, Hq, D], None)."""
+    tokens (post-RoPE) -> (attn_output [B, Sq, Hq, D], None). The layer's sliding window, logit
+    softcap and attention sinks (when the model passes them) go to splitkv.decode."""
     state = _ACTIVE.get()
     if state is None:
         raise RuntimeError("splitkv attention runs only inside splitkv.integrations.hf.decode_step / "
@@ -78,17 +100,20 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
     block_table, seqlens = cache.batch(state.seq_ids, layer=layer)
     B, Hq, Sq, D = query.shape
     bound = block_table.shape[1] * cache.page_size
-    p = state.plan
+    var = _variant(sliding_window, softcap, s_aux)
+    vkey = (var.get("window_size"), var.get("softcap"), "sinks" in var)
+    p = state.plans.get(vkey)
     if p is None or (p.batch, p.q_len, p.head_dim) != (B, Sq, D) or p.max_seqlen < bound:
         # sized for the table's capacity (no host read of the lengths), rebuilt only when it grows
-        state.plan = make_plan(seqlens, Hq, key.shape[1], D, q_len=Sq, num_splits=state.num_splits,
-                               max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
-                               backend=state.backend, paged=True, dtype=query.dtype)
-    elif not state.refreshed:  # once per step: the split table for this step's lengths, on the device
-        state.plan.refresh(seqlens)
-    state.refreshed = True
+        p = state.plans[vkey] = make_plan(seqlens, Hq, key.shape[1], D, q_len=Sq, num_splits=state.num_splits,
+                                          max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
+                                          backend=state.backend, paged=True, dtype=query.dtype, **var)
+    elif vkey not in state.refreshed:  # once per step: the split table for these lengths, on the device
+        p.refresh(seqlens)
+    state.refreshed.add(vkey)
+    state.plan = p
     o = decode(query.transpose(1, 2), cache.k_pages(layer), cache.v_pages(layer), seqlens,
-               block_table=block_table, softmax_scale=scaling, plan=state.plan, backend=state.backend)
+               block_table=block_table, softmax_scale=scaling, plan=p, backend=state.backend, **var)
     return o, None
 
 
@@ -178,10 +203,9 @@ def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_siz
         position_ids = torch.arange(S, device=input_ids.device).expand(B, S)
     else:  # transformers' generate: cumsum of the mask (padding positions are never attended)
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    try:
-        dyn = transformers.DynamicCache(config=model.config)
-    except TypeError:  # older transformers
-        dyn = transformers.DynamicCache()
+    # no config: every layer keeps all its K/V (given a config, transformers keeps only the last
+    # `sliding_window` tokens of a sliding layer, and the paged cache needs every token of every layer)
+    dyn = transformers.DynamicCache()
     kw = {_cache_kwarg(model): dyn}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         kw["logits_to_keep"] = 1
@@ -215,7 +239,7 @@ def decode_step(model, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor
         raise ValueError(f"tokens: expected one token per request ({len(state.seq_ids)}), "
                          f"got {tokens.shape[0]}")
     kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    state.refreshed = False
+    state.refreshed.clear()
     ctx = use_splitkv(model) if model.config._attn_implementation != ATTN_NAME else contextlib.nullcontext()
     token = _ACTIVE.set(state)
     try:
