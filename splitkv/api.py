@@ -17,7 +17,8 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
            causal: bool = True, softmax_scale: float | None = None, num_splits: int | None = None,
            return_lse: bool = False, out: Tensor | None = None, plan: DecodePlan | None = None, backend: str = "auto",
            batch_invariant: bool = False, window_size: tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
-           sinks: Tensor | None = None, alibi_slopes: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+           sinks: Tensor | None = None, alibi_slopes: Tensor | None = None, k_scale: float | Tensor | None = None,
+           v_scale: float | Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """Split-KV decode attention.
 
     q [B, Sq, Hq, D] fp16/bf16 (fp32 on the torch backend); k_cache/v_cache [B, Lmax, Hkv, D]
@@ -39,17 +40,26 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
     row's softmax denominator, with no value (lse includes it); alibi_slopes float32 [Hq]: scores
     get -slope[h] * |key position - query position|. Head dims: every multiple of 8 in [32, 256]
     (torch and triton; cutlass 64/128/256 without variants: 'auto' picks triton otherwise).
+
+    FP8 KV cache: k_cache / v_cache in torch.float8_e4m3fn or float8_e5m2 (q stays fp16/bf16)
+    holding K / k_scale and V / v_scale; k_scale and v_scale are required: a float each (per
+    tensor) or float32 [Hkv] tensors (per KV head). Torch and triton backends.
     """
     if (window_size is _NO_WINDOW or window_size is None or window_size == _NO_WINDOW) and sinks is None \
-            and alibi_slopes is None and type(softcap) in (float, int) and softcap == 0:
+            and alibi_slopes is None and type(softcap) in (float, int) and softcap == 0 and k_scale is None \
+            and v_scale is None:
         variant = V.PLAIN
     else:
         variant = V.make(window_size, softcap, sinks, alibi_slopes, num_q_heads=q.shape[2] if q.dim() == 4 else -1,
-                         device=q.device)
+                         device=q.device, k_scale=k_scale, v_scale=v_scale, kv_dtype=getattr(k_cache, "dtype", None),
+                         num_kv_heads=k_cache.shape[2] if getattr(k_cache, "dim", lambda: 0)() == 4 else -1)
     if plan is None and torch.compiler.is_compiling():
+        ks, vs = variant.k_scale, variant.v_scale
+        if variant.fp8 == "tensor":  # the op takes tensors: 0-dim CPU ones (read without a sync)
+            ks, vs = torch.tensor(ks, dtype=torch.float32), torch.tensor(vs, dtype=torch.float32)
         o, lse = ops.decode_op(q, k_cache, v_cache, cache_seqlens, block_table, causal, softmax_scale,
                                num_splits, backend, batch_invariant, variant.window_left, variant.window_right,
-                               variant.softcap, variant.sinks, variant.alibi_slopes)
+                               variant.softcap, variant.sinks, variant.alibi_slopes, ks, vs)
         if out is not None:
             out.copy_(o)
             o = out

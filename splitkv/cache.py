@@ -15,9 +15,19 @@ import torch
 
 from . import backends
 from .rope import RopeConfig, rope_tables, rotate
+from .variants import FP8_DTYPES
 
 BACKENDS = ("auto", "torch", "triton")
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32) + FP8_DTYPES
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """x [..., Hkv, D] (fp32) -> dtype; an fp8 dtype stores x / scale[h], saturated to its largest
+    finite value (torch's cast would give NaN past it). The spec of the append kernel's store."""
+    if scale is None:
+        return x.to(dtype)
+    big = torch.finfo(dtype).max
+    return (x / scale[:, None]).clamp(-big, big).to(dtype)
 
 
 class CacheFullError(RuntimeError):
@@ -45,10 +55,12 @@ class _Seq:
         return self._table
 
 
-def append_torch(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, *, neox=True):
+def append_torch(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, *, neox=True, k_scale=None,
+                 v_scale=None):
     """The append kernel's spec in PyTorch (same arguments as triton's append_kv): write k, v
     [N, T, Hkv, D] rows t < ntok[i] at position starts[i] + t of sequence i, whose pages from the
-    one holding starts[i] on are pages[i]; K rotated by the cos/sin tables at that position."""
+    one holding starts[i] on are pages[i]; K rotated by the cos/sin tables at that position.
+    fp8 pools: k_scale, v_scale float32 [Hkv]; the pools get K / k_scale and V / v_scale."""
     N, T = k.shape[:2]
     if N * T == 0:
         return
@@ -62,8 +74,8 @@ def append_torch(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, 
     rows = k[valid]
     if cos is not None:
         rows = rotate(rows, cos[pos], sin[pos], neox)
-    k_pool[page, pos % ps] = rows.to(k_pool.dtype)
-    v_pool[page, pos % ps] = v[valid].to(v_pool.dtype)
+    k_pool[page, pos % ps] = quantize(rows.float() if k_scale is not None else rows, k_scale, k_pool.dtype)
+    v_pool[page, pos % ps] = quantize(v[valid].float() if v_scale is not None else v[valid], v_scale, v_pool.dtype)
 
 
 class PagedKVCache:
@@ -102,11 +114,19 @@ class PagedKVCache:
 
     backend (append): decode's rule; "triton" = the Triton kernel (CUDA, or CPU under
     TRITON_INTERPRET=1), "torch" = append_torch. Not thread-safe; not CUDA-graph capturable.
+
+    FP8 (dtype=torch.float8_e4m3fn or float8_e5m2): pages hold K / k_scale and V / v_scale,
+    quantised in the append kernel (after RoPE, saturating), half the bytes of bf16 for decode
+    to read; pass `k_scale=cache.k_scale(l), v_scale=cache.v_scale(l)` to splitkv.decode. Scales
+    are fixed at construction: a float per tensor (default 1.0: e4m3 keeps ~2 significant digits
+    from 2^-9 to 448 whatever the scale, so unit scales suit K/V of typical magnitude, as vLLM's
+    default does), or float32 [num_layers, Hkv] per layer and KV head (calibrated scales, for
+    heads whose values pass 448 or sit near 2^-9).
     """
 
     def __init__(self, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, *,
                  num_layers: int = 1, dtype: torch.dtype = torch.bfloat16, device: torch.device | str | None = None,
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0) -> None:
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("num_kv_heads", num_kv_heads),
                           ("head_dim", head_dim), ("num_layers", num_layers)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
@@ -133,6 +153,36 @@ class PagedKVCache:
         self._batch_key = self._batch_val = None
         self._tables: dict = {}  # (base, rotary_dim) -> (cos, sin) on device, grown on demand
         self._append = self._pick_append(backend)
+        self._scales = None  # fp8: (k, v) float32 [num_layers, Hkv] on device, and the user's form
+        if dtype in FP8_DTYPES:
+            self._scales = (self._scale_arg("k_scale", k_scale), self._scale_arg("v_scale", v_scale),
+                            k_scale, v_scale)
+
+    def _scale_arg(self, name: str, s) -> torch.Tensor:
+        shape = (self.num_layers, self.num_kv_heads)
+        if isinstance(s, torch.Tensor):
+            if s.dtype != torch.float32 or tuple(s.shape) != shape or not bool(torch.isfinite(s).all()) \
+                    or not bool((s > 0).all()):
+                raise ValueError(f"{name}: expected a float or a float32 tensor {list(shape)} of finite values > 0, "
+                                 f"got {s.dtype} {list(s.shape)}")
+            return s.to(self.device).contiguous()
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not s > 0 or s == float("inf"):
+            raise ValueError(f"{name}: expected a finite float > 0 or a float32 tensor {list(shape)}, got {s!r}")
+        return torch.full(shape, float(s), dtype=torch.float32, device=self.device)
+
+    def k_scale(self, layer: int = 0) -> float | torch.Tensor:
+        """Layer `layer`'s K scale for splitkv.decode(k_scale=...) on an fp8 cache: the float given
+        at construction, or float32 [Hkv] (per KV head). Raises on a cache that is not fp8."""
+        return self._scale_of(0, layer)
+
+    def v_scale(self, layer: int = 0) -> float | torch.Tensor:
+        return self._scale_of(1, layer)
+
+    def _scale_of(self, i: int, layer: int):
+        if self._scales is None:
+            raise ValueError(f"dtype: the cache is {self.dtype}; scales exist for float8 caches only")
+        given = self._scales[2 + i]
+        return float(given) if not isinstance(given, torch.Tensor) else self._scales[i][self._check_layer(layer)]
 
     def _pick_append(self, backend: str):
         # decode's rule (SPLITKV_BACKEND included); the Triton append serves every GPU backend
@@ -240,8 +290,9 @@ class PagedKVCache:
             self._write_meta = self._write_table(seqs, starts, counts)
             self._write_key = key + (self._version,)
         pages_t, starts_t, ntok_t = self._write_meta
+        scales = {} if self._scales is None else dict(k_scale=self._scales[0][layer], v_scale=self._scales[1][layer])
         self._append(self._k[layer], self._v[layer], k, v, pages_t, starts_t, ntok_t, cos, sin,
-                     neox=rope.neox if rope is not None else True)
+                     neox=rope.neox if rope is not None else True, **scales)
         for seq, n in zip(seqs, counts, strict=True):
             seq.lens[layer] += n
 

@@ -135,6 +135,8 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     checked splitkv.variants.Variant (its calls take the full path)."""
     key, prob = validate.check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
                                      backend, causal)
+    if prob is not None and prob.kv_fp8 and variant.k_scale is None:
+        raise ValueError(f"k_scale: required with a {k_cache.dtype} cache (with v_scale: floats, or float32 [Hkv])")
     lean = (prob is not None and not DEBUG and not debug.active() and variant is PLAIN
             and (plan is None or (type(plan) is DecodePlan and not batch_invariant)))
     if lean:

@@ -31,7 +31,7 @@ from . import backends, validate
 from . import heuristics as H
 from . import workspace as W
 from .constants import HEAD_DIMS as CUTLASS_HEAD_DIMS
-from .variants import PLAIN, Variant
+from .variants import FP8_DTYPES, PLAIN, Variant
 from .variants import make as make_variant
 
 
@@ -175,11 +175,12 @@ class DecodePlan:
 
     def check_variant(self, variant: Variant) -> None:
         if variant.key() != self.variant_key:
-            names = ("window_left", "window_right", "softcap", "sinks given", "alibi_slopes given")
+            names = ("window_left", "window_right", "softcap", "sinks given", "alibi_slopes given", "fp8 scales")
             want = dict(zip(names, self.variant_key))
             got = dict(zip(names, variant.key()))
             raise ValueError(f"plan: made for the variant {want}, but the call has {got}; pass the same "
-                             f"window_size / softcap / sinks / alibi_slopes to splitkv.plan(...)")
+                             f"window_size / softcap / sinks / alibi_slopes / kv_dtype, k_scale, v_scale to "
+                             f"splitkv.plan(...)")
 
     def describe(self) -> str:
         r = self.rule
@@ -208,11 +209,11 @@ def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, var
     takes the plan (sm90, the CuTe DSL installed, a layout, head dim and variant it takes), Triton
     otherwise."""
     name = backends.resolve(backend, device)
-    cutlass_ok = variant.plain and prob.head_dim in CUTLASS_HEAD_DIMS
+    cutlass_ok = variant.plain and prob.head_dim in CUTLASS_HEAD_DIMS and not prob.kv_fp8
     if name == "cutlass" and not cutlass_ok:
         raise ValueError(f"backend: 'cutlass' runs head dims {CUTLASS_HEAD_DIMS} without attention variants "
-                         f"(window_size, softcap, sinks, alibi_slopes); got head dim {prob.head_dim}"
-                         f"{'' if variant.plain else ' with a variant'}: use backend='triton' or 'auto'")
+                         f"(window_size, softcap, sinks, alibi_slopes) or fp8 caches; got head dim {prob.head_dim}"
+                         f"{'' if variant.plain else ' with a variant or fp8 scales'}: use backend='triton' or 'auto'")
     if (backend != "auto" or name != "triton" or not backends.auto_cutlass_here(device) or not layout_ok
             or not cutlass_ok):
         return name, backend == "auto"
@@ -273,7 +274,8 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
          num_sms: int | None = None, backend: str = "auto", paged: bool = False,
          dtype: torch.dtype | None = None, batch_invariant: bool = False, window_size: tuple[int, int] = (-1, -1),
          softcap: float = 0.0, sinks: torch.Tensor | None = None,
-         alibi_slopes: torch.Tensor | None = None) -> DecodePlan:
+         alibi_slopes: torch.Tensor | None = None, kv_dtype: torch.dtype | None = None,
+         k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None) -> DecodePlan:
     """Plan a decode step once; pass it to every layer's `decode(..., plan=p)`.
 
     The plan fixes the backend ('auto' resolved here), the cache layout (paged: the calls pass a
@@ -285,16 +287,18 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
     rest of the batch (bitwise); see heuristics.BATCH_INVARIANT_CHUNK_KEYS for its cost.
     window_size / softcap / sinks / alibi_slopes: the attention variant the calls will pass (as
     decode takes them; sinks and alibi_slopes only need their presence and shape here): a sliding
-    window makes the plan split only the keys the window shows.
+    window makes the plan split only the keys the window shows. kv_dtype, k_scale, v_scale: for
+    a float8 cache, its dtype and the scales the calls will pass (their granularity is what counts).
     """
     validate.check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, num_splits, max_seqlen,
                              backend, paged, dtype, batch_invariant)
     if max_seqlen is None:
         max_seqlen = max(int(cache_seqlens.max()) if cache_seqlens.numel() else 1, 1)
     prob = validate.Problem(cache_seqlens.shape[0], q_len, num_q_heads, num_kv_heads, head_dim, max_seqlen,
-                            16 if paged else None, dtype)
+                            16 if paged else None, dtype, kv_dtype in FP8_DTYPES)
     variant = make_variant(window_size, softcap, sinks, alibi_slopes, num_q_heads=num_q_heads,
-                           device=cache_seqlens.device)
+                           device=cache_seqlens.device, k_scale=k_scale, v_scale=v_scale, kv_dtype=kv_dtype,
+                           num_kv_heads=num_kv_heads)
     p = build(prob, cache_seqlens.device, backend=backend, num_splits=num_splits, batch_invariant=batch_invariant,
               num_sms=num_sms, dtype_bound=dtype is not None, variant=variant)
     p.schedule(cache_seqlens)

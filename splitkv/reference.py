@@ -38,6 +38,16 @@ def _future(L: int, Sq: int, device) -> torch.Tensor:
     return torch.arange(L, device=device)[None, None, :] > qpos[None, :, None]
 
 
+def _dequant(x: torch.Tensor, scale, dtype) -> torch.Tensor:
+    """x [L, Hkv, D] in `dtype`, times its scale (a float, or one per KV head) when given."""
+    x = x.to(dtype)
+    if scale is None:
+        return x
+    if isinstance(scale, torch.Tensor):
+        return x * scale.to(device=x.device, dtype=dtype)[None, :, None]
+    return x * scale
+
+
 def decode_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -52,8 +62,12 @@ def decode_reference(
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact decode attention. Returns (o [B, Sq, Hq, D] in `dtype`, lse [B, Hq, Sq] in `dtype`)."""
+    """Exact decode attention. Returns (o [B, Sq, Hq, D] in `dtype`, lse [B, Hq, Sq] in `dtype`).
+    k_scale / v_scale (float, or [Hkv]): the cache holds K / k_scale and V / v_scale (an fp8
+    cache); they are dequantised exactly (in `dtype`) before anything else."""
     B, Sq, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     group = Hq // Hkv
@@ -66,8 +80,8 @@ def decode_reference(
             continue
         # keys before a left window's reach are seen by no query: never gathered (NaN there stays out)
         lo = max(0, L - Sq - window_size[0]) if window_size[0] >= 0 else 0
-        k = gather_keys(k_cache, b, L, block_table)[lo:].to(dtype).repeat_interleave(group, dim=1)
-        v = gather_keys(v_cache, b, L, block_table)[lo:].to(dtype).repeat_interleave(group, dim=1)
+        k = _dequant(gather_keys(k_cache, b, L, block_table)[lo:], k_scale, dtype).repeat_interleave(group, dim=1)
+        v = _dequant(gather_keys(v_cache, b, L, block_table)[lo:], v_scale, dtype).repeat_interleave(group, dim=1)
         s = torch.einsum("qhd,khd->hqk", q[b].to(dtype), k) * scale  # [Hq, Sq, L - lo]
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)

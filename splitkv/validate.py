@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .constants import BACKEND_CHOICES, HEAD_DIM_RANGE
+from .variants import FP8_DTYPES
 
 HEAD_DIM_RULE = f"a multiple of 8 in [{HEAD_DIM_RANGE[0]}, {HEAD_DIM_RANGE[1]}]"
 MAX_Q_LEN = 16
@@ -32,6 +33,7 @@ class Problem:
     max_seqlen: int  # keys addressable per request: Lmax, or max_pages * page_size when paged
     page_size: int | None  # None for a contiguous cache
     dtype: torch.dtype
+    kv_fp8: bool = False  # K/V in float8 (e4m3fn / e5m2), read with k_scale / v_scale
     # what the eager path remembers for inputs of this signature (validated Problems are cached
     # per signature, so one Problem object = one signature): plan -> bound launch (splitkv.execute)
     memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -110,10 +112,13 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _need(t.dim() == 4, ValueError,
               f"{name}: expected rank 4 [B, Lmax, Hkv, D] or [num_pages, page_size, Hkv, D], got shape {tuple(t.shape)}")
-        _need(t.dtype == q.dtype, TypeError, f"{name}: dtype {t.dtype} does not match q's dtype {q.dtype}")
+        _need(t.dtype == q.dtype or t.dtype in FP8_DTYPES, TypeError,
+              f"{name}: dtype {t.dtype} does not match q's dtype {q.dtype} (nor is it a float8 dtype {FP8_DTYPES})")
         _need(t.device == q.device, ValueError, f"{name}: on {t.device} but q is on {q.device}")
         _need(t.stride(-1) == 1, ValueError,
               f"{name}: head dim (last) must have unit stride, got strides {tuple(t.stride())}")
+    _need(k_cache.dtype == v_cache.dtype, TypeError,
+          f"v_cache: dtype {v_cache.dtype} does not match k_cache's {k_cache.dtype}")
     _need(k_cache.shape == v_cache.shape, ValueError,
           f"v_cache: shape {tuple(v_cache.shape)} does not match k_cache's {tuple(k_cache.shape)}")
     _need(q.stride(-1) == 1, ValueError, f"q: head dim (last) must have unit stride, got strides {tuple(q.stride())}")
@@ -146,7 +151,7 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
         _need(block_table.device == q.device, ValueError, f"block_table: on {block_table.device} but q is on {q.device}")
         page_size = k_cache.shape[1]
         max_seqlen = block_table.shape[1] * page_size
-    return Problem(B, Sq, Hq, Hkv, D, max_seqlen, page_size, q.dtype)
+    return Problem(B, Sq, Hq, Hkv, D, max_seqlen, page_size, q.dtype, k_cache.dtype in FP8_DTYPES)
 
 
 def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, num_splits, max_seqlen, backend,

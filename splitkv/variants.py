@@ -16,6 +16,11 @@ sees no key gets o = 0 and lse = sink (-inf without sinks). To merge states your
 (merge_states, cascades), give the sinks to one of the merged calls only: a sink enters each
 softmax row once.
 
+FP8 KV caches ride along (they are call options beyond plain decode too): k_cache / v_cache in
+float8_e4m3fn or float8_e5m2 hold K / k_scale and V / v_scale, with k_scale, v_scale either one
+float (per tensor) or float32 [Hkv] (per KV head). Decode reads fp8, converts in registers, folds
+k_scale into the softmax scale and v_scale into the output: o = softmax(q . (k_scale k)) (v_scale v).
+
 Split-KV with these: the window is split-aware (the planner and the kernels start request b at its
 first visible key, max(0, L_b - Sq - l): a 4K window over a 128K cache reads 4K keys + Sq), and
 the sink enters where the splits are merged (once per row), never in a split's partial state.
@@ -40,20 +45,35 @@ class Variant:
     softcap: float = 0.0
     sinks: torch.Tensor | None = None
     alibi_slopes: torch.Tensor | None = None
+    k_scale: float | torch.Tensor | None = None  # fp8 caches only: a float, or float32 [Hkv]
+    v_scale: float | torch.Tensor | None = None
 
     @property
     def plain(self) -> bool:
         return (self.window_left < 0 and self.window_right < 0 and self.softcap == 0.0 and self.sinks is None
-                and self.alibi_slopes is None)
+                and self.alibi_slopes is None and self.k_scale is None)
+
+    @property
+    def fp8(self) -> str | None:
+        """None (not an fp8 cache), "tensor" (float scales) or "head" (float32 [Hkv] scales)."""
+        if self.k_scale is None:
+            return None
+        return "head" if isinstance(self.k_scale, torch.Tensor) else "tensor"
 
     @property
     def windowed(self) -> bool:
         return self.window_left >= 0 or self.window_right >= 0
 
     def key(self) -> tuple:
-        """What a compiled kernel and a plan depend on (the tensors' values are call arguments)."""
+        """What a plan depends on (tensor values and per-tensor fp8 scales are call arguments)."""
         return (self.window_left, self.window_right, self.softcap, self.sinks is not None,
-                self.alibi_slopes is not None)
+                self.alibi_slopes is not None, self.fp8)
+
+    def kernel_key(self) -> tuple:
+        """What a bound kernel launch depends on: key() and the per-tensor fp8 scales it folds in."""
+        if self.fp8 == "tensor":
+            return (*self.key(), self.k_scale, self.v_scale)
+        return self.key()
 
     def window_bounds(self) -> tuple[int, int]:
         """(left, right) keys of reach, an unbounded side as a large number (what kernels take)."""
@@ -85,9 +105,26 @@ def _tensor_arg(name: str, t, num_q_heads: int, device) -> None:
         raise ValueError(f"{name}: expected a contiguous tensor, got stride {t.stride(0)}")
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _scale_arg(name: str, s, num_kv_heads: int, device):
+    if isinstance(s, torch.Tensor):
+        if s.dtype != torch.float32 or s.dim() != 1 or s.shape[0] != num_kv_heads or s.stride(0) != 1:
+            raise ValueError(f"{name}: expected a float or a contiguous float32 tensor [{num_kv_heads}] (one per "
+                             f"KV head), got {s.dtype} {tuple(s.shape)}")
+        if s.device != device:
+            raise ValueError(f"{name}: on {s.device} but q is on {device}")
+        return s
+    if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+        raise ValueError(f"{name}: expected a finite float > 0 or a float32 tensor [{num_kv_heads}], got {s!r}")
+    return float(s)
+
+
 def make(window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, *, num_q_heads: int,
-         device) -> Variant:
-    """A checked Variant from decode's keyword arguments; every error names the argument."""
+         device, k_scale=None, v_scale=None, kv_dtype=None, num_kv_heads: int = 1) -> Variant:
+    """A checked Variant from decode's keyword arguments; every error names the argument.
+    kv_dtype: the cache's dtype (fp8 caches need k_scale and v_scale; others take none)."""
     if window_size is None:
         window_size = (-1, -1)
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
@@ -100,4 +137,17 @@ def make(window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, *, nu
         _tensor_arg("sinks", sinks, num_q_heads, device)
     if alibi_slopes is not None:
         _tensor_arg("alibi_slopes", alibi_slopes, num_q_heads, device)
-    return Variant(int(window_size[0]), int(window_size[1]), float(softcap), sinks, alibi_slopes)
+    if kv_dtype in FP8_DTYPES:
+        for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if sc is None:
+                raise ValueError(f"{name}: required with a {kv_dtype} cache (the cache holds K / k_scale and "
+                                 f"V / v_scale; pass 1.0 for unscaled values)")
+        k_scale = _scale_arg("k_scale", k_scale, num_kv_heads, device)
+        v_scale = _scale_arg("v_scale", v_scale, num_kv_heads, device)
+        if isinstance(k_scale, torch.Tensor) != isinstance(v_scale, torch.Tensor):
+            raise ValueError("v_scale: give k_scale and v_scale at the same granularity (both floats or both "
+                             "float32 [Hkv] tensors)")
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError(f"{'k_scale' if k_scale is not None else 'v_scale'}: only for float8 caches "
+                         f"({FP8_DTYPES}), the cache is {kv_dtype}")
+    return Variant(int(window_size[0]), int(window_size[1]), float(softcap), sinks, alibi_slopes, k_scale, v_scale)

@@ -67,6 +67,13 @@ def _gather(cache, pos, block_table, valid):
     return cache[torch.where(valid, pages, 0), pos % ps]
 
 
+def _scaled(x: torch.Tensor, scale) -> torch.Tensor:
+    """fp8 cache rows [..., Hkv, D] (as fp32) times their scale: a float or one per KV head."""
+    if scale is None:
+        return x
+    return x * (scale[:, None] if isinstance(scale, torch.Tensor) else scale)
+
+
 def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal, variant=PLAIN):
     """Partials for every split: (o [S, B, Hq, Sq, D] fp32 normalised, lse [S, B, Hq, Sq] fp32).
     The variant's window, softcap and ALiBi shape the scores here; its sinks enter after the merge."""
@@ -78,9 +85,9 @@ def run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, caus
     valid = pos < end[..., None]
     limit = k_cache.shape[1] - 1 if block_table is None else block_table.shape[1] * k_cache.shape[1] - 1
     pos_safe = torch.where(valid, pos, 0).clamp_(max=max(limit, 0))
-    k = _gather(k_cache, pos_safe, block_table, valid).float()
-    v = _gather(v_cache, pos_safe, block_table, valid)
-    v = torch.where(valid[..., None, None], v.float(), 0.0)  # NaN in unused slots must not leak
+    k = _scaled(_gather(k_cache, pos_safe, block_table, valid).float(), variant.k_scale)
+    v = _scaled(_gather(v_cache, pos_safe, block_table, valid).float(), variant.v_scale)
+    v = torch.where(valid[..., None, None], v, 0.0)  # NaN in unused slots must not leak
     qf = q.float().reshape(B, Sq, Hkv, G, D)
     s = torch.einsum("bthgd,bschd->bshgtc", qf, k) * scale  # [B, S, Hkv, G, Sq, C]
     if variant.softcap > 0:

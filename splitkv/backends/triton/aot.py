@@ -89,8 +89,9 @@ def _resources(kernel, arch: int) -> dict:
                 smem=kernel.metadata.shared)
 
 
-NO_VARIANT = dict(SOFTCAP=False, ALIBI=False, WINDOW=False, SINKS=False)
-ALL_VARIANTS = dict(SOFTCAP=True, ALIBI=True, WINDOW=True, SINKS=True)
+NO_VARIANT = dict(SOFTCAP=False, ALIBI=False, WINDOW=False, SINKS=False, KV_FP8=False, SCALE_PER_HEAD=False)
+ALL_VARIANTS = dict(SOFTCAP=True, ALIBI=True, WINDOW=True, SINKS=True, KV_FP8=False, SCALE_PER_HEAD=False)
+FP8_PER_HEAD = dict(NO_VARIANT, KV_FP8=True, SCALE_PER_HEAD=True)
 
 
 def split_variants():
@@ -104,6 +105,8 @@ def split_variants():
     for D, paged, var in itertools.product((80, 96, 128, 192), (False, True), (NO_VARIANT, ALL_VARIANTS)):
         if D != 128 or var is ALL_VARIANTS:
             yield _split_constexprs(D, 4, paged, False, True, var)
+    for D, paged, splitting in itertools.product((64, 128), (False, True), (True, False)):
+        yield _split_constexprs(D, 4, paged, False, splitting, FP8_PER_HEAD)
 
 
 def _split_constexprs(D, rows, paged, causal, splitting, var):
@@ -125,7 +128,9 @@ def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> li
         sig = {n: "i32" for n in split_kernel.arg_names if n not in cx}
         sig.update(Q=ptr, K=ptr, V=ptr, SEQLENS="*i32", NSPLITS="*i32", CHUNKS="*i32", BT="*i32",
                    O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, COUNTERS="*i32", SINKS_PTR=f32, ALIBI_PTR=f32,
-                   qk_mul="fp32", cap_mul="fp32")
+                   KS_PTR=f32, VS_PTR=f32, qk_mul="fp32", cap_mul="fp32", v_mul="fp32")
+        if cx["KV_FP8"]:
+            sig.update(K="*fp8e4nv", V="*fp8e4nv")
         k = _compile(split_kernel, sig, cx, arch, tile.num_warps, H.launch_stages(tile, cx["PAGED"]))
         rows.append(dict(kernel="split", **{k_: v for k_, v in cx.items() if k_ not in ("UPCAST",)},
                          **_resources(k, arch)))

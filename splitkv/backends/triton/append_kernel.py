@@ -17,10 +17,12 @@ cos/sin fp32 tables [max_pos, ROT_DIM // 2] indexed by pos (splitkv.rope.rope_ta
 is a second load of the same row (same cache lines), so no register shuffle is needed.
 
 Layouts: k, v [N, T, Hkv, D]; pools [num_pages, page_size, Hkv, D]; any strides with unit stride
-on D. Math in fp32, one rounding to the pool dtype. Deterministic: each output element is written
+on D. Math in fp32, one rounding to the pool dtype (fp8 pools: x / scale[h], saturated to the
+largest finite fp8 value, then the rounding). Deterministic: each output element is written
 by exactly one program.
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -29,14 +31,14 @@ from ... import heuristics
 
 @triton.jit
 def append_kernel(
-    K, V, K_POOL, V_POOL, PAGES, STARTS, NTOK, COS, SIN,
+    K, V, K_POOL, V_POOL, PAGES, STARTS, NTOK, COS, SIN, K_SCALE, V_SCALE,
     T,
     s_kn, s_kt, s_kh, s_vn, s_vt, s_vh,
     s_kp, s_ks, s_kph, s_vp, s_vs, s_vph,
     s_pages, s_cos,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    ROPE: tl.constexpr, ROT_DIM: tl.constexpr, NEOX: tl.constexpr,
+    ROPE: tl.constexpr, ROT_DIM: tl.constexpr, NEOX: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     row = tl.program_id(0)
     i = row // T
@@ -72,16 +74,24 @@ def append_kernel(
         s = tl.load(SIN + pos * s_cos + f, mask=rot, other=0.0)
         xp = tl.load(k_row + partner[None, :], mask=mask & rot[None, :], other=0.0).to(tl.float32)
         x = x * c[None, :] + (sign * s)[None, :] * xp
+    if FP8:  # stored as x / scale[h], saturated (the cast alone would give NaN past the largest value)
+        ks = tl.load(K_SCALE + h, mask=h < NUM_HEADS, other=1.0)
+        x = tl.minimum(tl.maximum(x / ks[:, None], -FP8_MAX), FP8_MAX)
     k_dst = K_POOL + page * s_kp + slot * s_ks + h[:, None] * s_kph + d[None, :]
     tl.store(k_dst, x.to(K_POOL.dtype.element_ty), mask=mask)
 
     y = tl.load(v_row + d[None, :], mask=mask, other=0.0)
+    if FP8:
+        vs = tl.load(V_SCALE + h, mask=h < NUM_HEADS, other=1.0)
+        y = tl.minimum(tl.maximum(y.to(tl.float32) / vs[:, None], -FP8_MAX), FP8_MAX)
     v_dst = V_POOL + page * s_vp + slot * s_vs + h[:, None] * s_vph + d[None, :]
     tl.store(v_dst, y.to(V_POOL.dtype.element_ty), mask=mask)
 
 
-def append_kv(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, *, neox=True):
-    """Write k, v [N, T, Hkv, D] into k_pool, v_pool [P, page_size, Hkv, D] (see module doc).
+def append_kv(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, *, neox=True, k_scale=None,
+              v_scale=None):
+    """Write k, v [N, T, Hkv, D] into k_pool, v_pool [P, page_size, Hkv, D] (see module doc);
+    fp8 pools: k_scale, v_scale float32 [Hkv], the pools get K / k_scale and V / v_scale.
 
     pages int32 [N, W], starts int32 [N], ntok int32 [N] on the pools' device (contiguous 1-D
     starts/ntok); cos/sin fp32 [max_pos, rotary_dim // 2] or None for no RoPE.
@@ -94,14 +104,17 @@ def append_kv(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, *, 
     cos_t = cos if rope else starts  # never read without RoPE
     sin_t = sin if rope else starts
     grid = (N * T, triton.cdiv(H, block_h))
+    fp8 = k_scale is not None
     append_kernel[grid](
-        k, v, k_pool, v_pool, pages, starts, ntok, cos_t, sin_t,
+        k, v, k_pool, v_pool, pages, starts, ntok, cos_t, sin_t, k_scale if fp8 else starts,
+        v_scale if fp8 else starts,
         T,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         pages.stride(0), cos.stride(0) if rope else 0,
         NUM_HEADS=H, HEAD_DIM=D, PAGE_SIZE=k_pool.shape[1], BLOCK_H=block_h, BLOCK_D=block_d,
-        ROPE=rope, ROT_DIM=2 * cos.shape[1] if rope else 0, NEOX=bool(neox),
+        ROPE=rope, ROT_DIM=2 * cos.shape[1] if rope else 0, NEOX=bool(neox), FP8=fp8,
+        FP8_MAX=float(torch.finfo(k_pool.dtype).max) if fp8 else 0.0,
         num_warps=num_warps,
     )

@@ -70,7 +70,7 @@ def _split_key(q, k_cache, v_cache, block_table, out, scale, causal, variant=PLA
     # always a contiguous [B, Hq, Sq]
     paged = block_table is not None
     return (q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
-            block_table.stride(0) if paged else -1, causal, scale, q.dtype, variant.key())
+            block_table.stride(0) if paged else -1, causal, scale, q.dtype, k_cache.dtype, variant.kernel_key())
 
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
@@ -86,11 +86,14 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     counters = plan.counters if plan.fuse else cache_seqlens  # never touched unless fused
     nsplits, chunks = plan.num_splits, plan.chunk_lens
     sinks, slopes = variant.sinks, variant.alibi_slopes
+    per_head = variant.fp8 == "head"
     tensors = (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, bt, op, lp, out, lse, counters,
-               sinks if sinks is not None else cache_seqlens, slopes if slopes is not None else cache_seqlens)
+               sinks if sinks is not None else cache_seqlens, slopes if slopes is not None else cache_seqlens,
+               variant.k_scale if per_head else cache_seqlens, variant.v_scale if per_head else cache_seqlens)
     key = _split_key(q, k_cache, v_cache, block_table, out, scale, causal, variant)
     aligned = ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | bt.data_ptr()
-                | out.data_ptr() | lse.data_ptr() | tensors[12].data_ptr() | tensors[13].data_ptr()) & 15) == 0
+                | out.data_ptr() | lse.data_ptr() | tensors[12].data_ptr() | tensors[13].data_ptr()
+                | tensors[14].data_ptr() | tensors[15].data_ptr()) & 15) == 0
     grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
 
     def build():
@@ -100,15 +103,19 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
         cap = variant.softcap
         qk_mul, cap_mul = (scale / cap, cap * LOG2E) if cap > 0 else (scale * LOG2E, 1.0)
+        v_mul = 1.0
+        if variant.fp8 == "tensor":  # per-tensor fp8 scales: folded here (per-head ones in the kernel)
+            qk_mul, v_mul = qk_mul * variant.k_scale, variant.v_scale
         win_left, win_right = variant.window_bounds()
-        scalars = (qk_mul, cap_mul, win_left, win_right, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-                   bt.stride(0) if paged else 0, *p_strides, *l_strides, out.stride(0), out.stride(1),
+        scalars = (qk_mul, cap_mul, v_mul, win_left, win_right, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
+                   vs[0], vs[1], vs[2], bt.stride(0) if paged else 0, *p_strides, *l_strides, out.stride(0), out.stride(1),
                    out.stride(2), lse.stride(0), lse.stride(1))
         cx = dict(NUM_KV_HEADS=plan.num_kv_heads, M_TILES=plan.m_tiles, G=plan.qhead_per_kvhead, SQ=Sq,
                   HEAD_DIM=D, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                   PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged, CAUSAL=bool(causal and Sq > 1),
                   UPCAST=_INTERPRET, FUSED_MERGE=plan.fuse, BLOCK_D=_block_d(D), SOFTCAP=cap > 0,
-                  ALIBI=slopes is not None, WINDOW=variant.windowed, SINKS=sinks is not None)
+                  ALIBI=slopes is not None, WINDOW=variant.windowed, SINKS=sinks is not None,
+                  KV_FP8=variant.fp8 is not None, SCALE_PER_HEAD=per_head)
         return _split, scalars, cx, tile.num_warps, tile.num_stages
 
     plan.launches.launch(("split", key), grid, tensors, aligned, build)
@@ -140,7 +147,7 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
     ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
     if plan.o_part is None:
         def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, lens, lens, lens)
+            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, lens, lens, lens, lens, lens)
 
         return launch
     op, lp = plan.o_part.data_ptr(), plan.lse_part.data_ptr()
@@ -148,7 +155,7 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
         cnt = plan.counters.data_ptr()
 
         def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt, lens, lens)
+            split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt, lens, lens, lens, lens)
 
         return launch
     comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride(), False))
@@ -157,7 +164,7 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
         return None
 
     def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, lens, lens, lens)
+        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, lens, lens, lens, lens, lens)
         comb(stream, op, lp, ns, o, lse_p, ns)
 
     return launch

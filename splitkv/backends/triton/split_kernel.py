@@ -6,6 +6,8 @@ where f = 0, or with a sliding window the first key any query sees, max(0, L_b -
 Variants (splitkv.variants has the math; constexpr flags, so a plain decode compiles none of it):
 SOFTCAP (tanh), ALIBI (slope x distance), WINDOW (masks + the start f), SINKS (joined to the
 softmax once per row: in the unsplit store or the merge, never in a partial).
+KV_FP8: float8 K/V converted to q's dtype in registers; k_scale folded into qk_mul, v_scale (v_mul)
+into the normalised output; SCALE_PER_HEAD: both loaded per KV head (one per program).
 Head dims: any D, padded to BLOCK_D (a power of 2) in registers; columns past D are masked.
 with all qhead_per_kvhead query heads of the KV head x Sq tokens packed as the M rows of one
 tile (row r -> token r // G, head kvh * G + r % G), so each K/V byte is read once per KV head.
@@ -49,7 +51,7 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
                  win_left, win_right, s_kb, s_kn, s_vb, s_vn, s_btb,
                  BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                 WINDOW: tl.constexpr):
+                 WINDOW: tl.constexpr, KV_FP8: tl.constexpr):
     """One key tile [n0, min(n0 + BLOCK_N, end)) of the online softmax (keys past end are never
     read); returns the updated (m, l, acc). Scores are in base 2 (qk_mul, cap_mul, slope carry LOG2E)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -65,9 +67,9 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
     kv_ok = n_ok[:, None] & d_ok[None, :]  # columns past the head dim (padded to a power of 2): 0
     k = tl.load(k_head + k_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
     v = tl.load(v_head + v_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    if UPCAST or KV_FP8:  # fp8 K/V: converted in registers to q's dtype (fp32 in the interpreter)
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
     s = tl.dot(q, tl.trans(k)) * qk_mul
     if SOFTCAP:  # qk_mul = scale / softcap, cap_mul = softcap * LOG2E
         s = _tanh(s) * cap_mul
@@ -130,7 +132,7 @@ def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows,
 @triton.jit
 def split_kernel(
     Q, K, V, SEQLENS, NSPLITS, CHUNKS, BT, O_PART, LSE_PART, O, LSE, COUNTERS, SINKS_PTR, ALIBI_PTR,
-    qk_mul, cap_mul, win_left, win_right,
+    KS_PTR, VS_PTR, qk_mul, cap_mul, v_mul, win_left, win_right,
     s_qb, s_qt, s_qh,
     s_kb, s_kn, s_kh,
     s_vb, s_vn, s_vh,
@@ -143,7 +145,7 @@ def split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
     FUSED_MERGE: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    WINDOW: tl.constexpr, SINKS: tl.constexpr,
+    WINDOW: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr, SCALE_PER_HEAD: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)
@@ -186,6 +188,9 @@ def split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if SCALE_PER_HEAD:  # fp8 scales per KV head: this program's head's, folded into the score scale
+        qk_mul = qk_mul * tl.load(KS_PTR + kvh)
+        v_mul = v_mul * tl.load(VS_PTR + kvh)
     k_head = K + kvh.to(tl.int64) * s_kh  # (Hkv - 1) * s_kh passes 2^31 for [B, Hkv, L, D] storage
     v_head = V + kvh.to(tl.int64) * s_vh
     if UPCAST:  # interpreter: program ids are 1-element arrays, which `range` rejects
@@ -194,20 +199,22 @@ def split_kernel(
             m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
                                          qk_mul, cap_mul, slope, win_left, win_right,
                                          s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
-                                         UPCAST, SOFTCAP, ALIBI, WINDOW)
+                                         UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
                                          qk_mul, cap_mul, slope, win_left, win_right,
                                          s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
-                                         UPCAST, SOFTCAP, ALIBI, WINDOW)
+                                         UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8)
 
     # saw a key: l != 0 (l >= 1 after any finite score). NaN != 0, so a NaN row keeps o = NaN and
     # lse = NaN; only a row with no visible key (l == 0) is o = 0, lse = -inf
     has_key = l_i != 0.0
     o = tl.where(has_key[:, None], acc / tl.where(has_key, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
+    if KV_FP8:  # v_scale, applied once to the normalised output (it commutes with every merge)
+        o = o * v_mul
     o_rows = b64 * s_ob + tok64[:, None] * s_ot + head64[:, None] * s_oh + d[None, :]
     lse_rows = b64 * s_lob + head64 * s_loh + tok64
     sink = tl.zeros([BLOCK_M], tl.float32)

@@ -1,0 +1,177 @@
+"""FP8 KV caches (float8_e4m3fn / float8_e5m2 with per-tensor or per-KV-head scales): the append
+quantises exactly as torch's own casts do (after scaling, saturated), and decode on fp8 caches
+matches splitkv.reference on the dequantised cache (fp64), so the tests measure the kernels'
+error, not the quantisation's. GPU rows at real sizes run on the H200."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import make_inputs, to_paged
+
+import splitkv
+from splitkv import backends
+from splitkv.cache import PagedKVCache
+from splitkv.reference import decode_reference
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+CPU_BACKENDS = ["torch"] + (["triton"] if backends.triton_available() else [])
+BF16 = torch.bfloat16
+
+
+def _fp8_inputs(B, Sq, Hq, Hkv, D, lens, fp8, device="cpu", seed=0, per_head=False):
+    q, k, v, sl = make_inputs(B, Sq, Hq, Hkv, D, lens, torch.float32, device, seed=seed, nan_tail=False)
+    if per_head:
+        ks = torch.linspace(0.02, 0.3, Hkv, device=device)
+        vs = torch.linspace(0.5, 0.05, Hkv, device=device)
+    else:
+        ks, vs = 0.05, 0.2
+    kd = ks[:, None] if per_head else ks
+    vd = vs[:, None] if per_head else vs
+    k8 = (k * 8 / kd).clamp(-57344, 57344).to(fp8)  # values up to ~|8x| / scale: well inside e4m3's range
+    v8 = (v / vd).to(fp8)
+    for b, L in enumerate(lens):  # poison slots past each length
+        k8[b, L:] = float("nan")
+        v8[b, L:] = float("nan")
+    return q.to(BF16), k8, v8, sl, ks, vs
+
+
+def _check(o, lse, ro, rl):
+    assert not torch.isnan(o).any()
+    scale = ro.abs().max().item() + 1e-6
+    assert (o.double() - ro).abs().max().item() <= 1e-2 * scale + 1e-3
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(lse), fin)
+    if fin.any():
+        assert (lse.double()[fin] - rl[fin]).abs().max().item() < 2e-3
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+@pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
+@pytest.mark.parametrize("case", [
+    (2, 1, 8, 2, 64, [300, 0], None),
+    (3, 4, 6, 3, 80, [97, 5, 256], 1),
+    (1, 16, 4, 1, 128, [203], 16),
+    (2, 2, 8, 8, 64, [130, 64], 64),
+], ids=str)
+def test_decode_on_fp8_cache_matches_reference(backend, fp8, per_head, case):
+    B, Sq, Hq, Hkv, D, lens, page = case
+    q, k, v, sl, ks, vs = _fp8_inputs(B, Sq, Hq, Hkv, D, lens, fp8, per_head=per_head)
+    bt = None
+    if page is not None:
+        k, v, bt = to_paged(k, v, lens, page)  # unused pages NaN-poisoned
+    ro, rl = decode_reference(q, k, v, sl, block_table=bt, k_scale=ks, v_scale=vs)
+    for num_splits in (None, 3):
+        o, lse = splitkv.decode(q, k, v, sl, block_table=bt, k_scale=ks, v_scale=vs, return_lse=True,
+                                num_splits=num_splits, backend=backend)
+        assert o.dtype == BF16
+        _check(o, lse, ro, rl)
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_append_quantises_like_torch_casts(fp8):
+    # the torch append here; the Triton kernel on the H200 below (Triton's CPU interpreter rounds
+    # fp32 -> fp8 wrongly: 7.9 -> 4.0, 8.5 -> 9.0, so it cannot be held to torch's casts)
+    _append_round_trip("torch", fp8, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_gpu_append_kernel_quantises_like_torch_casts(fp8):
+    _append_round_trip("triton", fp8, "cuda")
+
+
+def _append_round_trip(backend, fp8, device):
+    Hkv, D = 2, 64
+    for scale in (0.5, torch.tensor([[0.25, 3.0], [1.0, 2.0]])):
+        c = PagedKVCache(8, 16, Hkv, D, num_layers=2, dtype=fp8, device=device, backend=backend, k_scale=scale,
+                         v_scale=scale)
+        sid = c.add_sequence()
+        g = torch.Generator().manual_seed(3)
+        k = torch.randn(1, 21, Hkv, D, generator=g) * 4
+        v = torch.randn(1, 21, Hkv, D, generator=g)
+        k[0, 3, 1, 5] = 1e6  # past the largest fp8 value: saturates, never NaN / inf
+        for layer in range(2):
+            c.append([sid], k.to(device), v.to(device), layer=layer)
+            s = torch.full((Hkv,), scale) if not isinstance(scale, torch.Tensor) else scale[layer]
+            big = torch.finfo(fp8).max
+            want_k = (k[0] / s[:, None]).clamp(-big, big).to(fp8)
+            want_v = (v[0] / s[:, None]).clamp(-big, big).to(fp8)
+            got_k = c.k_pages(layer)[c.pages(sid)].flatten(0, 1)[:21].cpu()
+            got_v = c.v_pages(layer)[c.pages(sid)].flatten(0, 1)[:21].cpu()
+            assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
+            assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
+            assert got_k.float().abs().max().item() == big
+        ks = c.k_scale(1)
+        assert (ks == scale) if not isinstance(scale, torch.Tensor) else torch.equal(ks.cpu(), scale[1])
+
+
+def test_fp8_cache_decodes_through_its_scales():
+    c = PagedKVCache(16, 16, 2, 64, dtype=torch.float8_e4m3fn, device="cpu", k_scale=0.1, v_scale=0.05)
+    sid = c.add_sequence()
+    k, v = torch.randn(1, 40, 2, 64), torch.randn(1, 40, 2, 64)
+    c.append([sid], k, v)
+    bt, sl = c.batch([sid])
+    q = torch.randn(1, 1, 4, 64)
+    o = splitkv.decode(q, c.k_pages(), c.v_pages(), sl, block_table=bt, k_scale=c.k_scale(), v_scale=c.v_scale())
+    exact = decode_reference(q, k, v, torch.tensor([40], dtype=torch.int32))[0]
+    assert (o.double() - exact).abs().max().item() < 0.1  # the quantisation's own error, once
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(), ValueError, "k_scale: required"),
+    (dict(k_scale=1.0), ValueError, "v_scale: required"),
+    (dict(k_scale=torch.ones(3), v_scale=torch.ones(3)), ValueError, "k_scale"),
+    (dict(k_scale=torch.ones(2, dtype=torch.float64), v_scale=torch.ones(2)), ValueError, "k_scale"),
+    (dict(k_scale=-1.0, v_scale=1.0), ValueError, "k_scale"),
+    (dict(k_scale=torch.ones(2), v_scale=1.0), ValueError, "v_scale"),
+])
+def test_bad_fp8_arguments_are_named(kw, exc, match):
+    q, k, v, sl, _, _ = _fp8_inputs(1, 1, 4, 2, 64, [10], torch.float8_e4m3fn)
+    with pytest.raises(exc, match=match):
+        splitkv.decode(q, k, v, sl, **kw)
+
+
+def test_fp8_queries_and_scales_on_other_caches_are_refused():
+    q, k, v, sl, _, _ = _fp8_inputs(1, 1, 4, 2, 64, [10], torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="q: expected dtype"):
+        splitkv.decode(q.to(torch.float8_e4m3fn), k, v, sl, k_scale=1.0, v_scale=1.0)
+    with pytest.raises(ValueError, match="k_scale: only for float8"):
+        splitkv.decode(q, k.to(BF16), v.to(BF16), sl, k_scale=1.0, v_scale=1.0)
+    with pytest.raises(TypeError, match="v_cache: dtype"):
+        splitkv.decode(q, k, v.to(torch.float8_e5m2), sl, k_scale=1.0, v_scale=1.0)
+    with pytest.raises(ValueError, match="k_scale"):
+        PagedKVCache(4, 16, 2, 64, dtype=torch.float8_e4m3fn, device="cpu", k_scale=torch.ones(2))
+
+
+def test_plan_for_fp8():
+    q, k, v, sl, ks, vs = _fp8_inputs(1, 1, 4, 2, 64, [300], torch.float8_e4m3fn, per_head=True)
+    p = splitkv.plan(sl, 4, 2, 64, kv_dtype=torch.float8_e4m3fn, k_scale=ks, v_scale=vs, backend="torch")
+    o = splitkv.decode(q, k, v, sl, plan=p, k_scale=ks, v_scale=vs)
+    ro, _ = decode_reference(q, k, v, sl, k_scale=ks, v_scale=vs)
+    assert (o.double() - ro).abs().max().item() < 1e-2
+    with pytest.raises(ValueError, match="plan: made for the variant"):
+        splitkv.decode(q, k, v, sl, plan=p, k_scale=0.5, v_scale=0.5)  # per tensor, plan per head
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "auto"])
+@pytest.mark.parametrize("case", [
+    (1, 1, 32, 8, 128, [131072], False),
+    (4, 1, 32, 8, 128, [4097, 0, 65537, 3], True),
+    (2, 4, 32, 8, 128, [32768, 113], True),
+    (3, 1, 16, 2, 64, [9000, 70000, 17], False),
+], ids=str)
+def test_gpu_fp8_real_sizes(backend, case):
+    B, Sq, Hq, Hkv, D, lens, per_head = case
+    q, k, v, sl, ks, vs = _fp8_inputs(B, Sq, Hq, Hkv, D, lens, torch.float8_e4m3fn, per_head=per_head)
+    q, k, v, sl = q.cuda(), k.cuda(), v.cuda(), sl.cuda()
+    if per_head:
+        ks, vs = ks.cuda(), vs.cuda()
+    ro, rl = decode_reference(q, k, v, sl, k_scale=ks, v_scale=vs)
+    for paged in (False, True):
+        kk, vv, bt = (k, v, None) if not paged else to_paged(k, v, lens, 16)
+        o, lse = splitkv.decode(q, kk, vv, sl, block_table=bt, k_scale=ks, v_scale=vs, return_lse=True,
+                                backend=backend)
+        _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu())
