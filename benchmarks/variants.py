@@ -1,5 +1,6 @@
 """Attention variants and head dims on the GPU: what a window, softcap, sinks or ALiBi cost next to
-plain decode, and padded head dims (80, 96, 192) in TB/s, with FlashInfer in the same run.
+plain decode, padded head dims (80, 96, 192) in TB/s, and fp8 (e4m3) KV caches against bf16, with
+FlashInfer in the same run (its fp8 paged decode for the fp8 rows).
 
     python benchmarks/variants.py [--out DIR] [--reps N]
 
@@ -43,24 +44,33 @@ ROWS = [
     ("B16 plain D96 32K", 16, 32768, 32, 8, 96, {}),
     ("B1 plain D192 32K", 1, 32768, 32, 8, 192, {}),
     ("B1 plain D256 32K", 1, 32768, 32, 8, 256, {}),
+    ("B16 plain D128 32K, triton", 16, 32768, 32, 8, 128, dict(backend="triton")),
+    # fp8 (e4m3) caches vs bf16 at >= 256 MB of bf16 KV: per-tensor scales
+    ("B1 GQA 128K fp8", 1, 131072, 32, 8, 128, dict(fp8=True)),
+    ("B16 GQA 32K fp8", 16, 32768, 32, 8, 128, dict(fp8=True)),
+    ("B1 MHA 32K bf16", 1, 32768, 32, 32, 128, {}),
+    ("B1 MHA 32K fp8", 1, 32768, 32, 32, 128, dict(fp8=True)),
 ]
 
 
-def _inputs(B, L, Hq, Hkv, D, paged):
+def _inputs(B, L, Hq, Hkv, D, paged, fp8=False):
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, 1, Hq, D, device="cuda", dtype=torch.bfloat16, generator=g)
     lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    dt = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    shape = (B, L, Hkv, D) if not paged else (B * (L // 16), 16, Hkv, D)
+    k = torch.randn(*shape, device="cuda", generator=g).to(dt)
+    v = torch.randn(*shape, device="cuda", generator=g).to(dt)
     if not paged:
-        k = torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        return q, k, torch.randn_like(k), lens, None
-    pages = L // 16
-    k = torch.randn(B * pages, 16, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    perm = torch.randperm(B * pages, device="cuda", generator=g).int()
-    return q, k, torch.randn_like(k), lens, perm.view(B, pages)
+        return q, k, v, lens, None
+    perm = torch.randperm(B * (L // 16), device="cuda", generator=g).int()
+    return q, k, v, lens, perm.view(B, L // 16)
 
 
 def _variant(kw, Hq):
-    out = {k: v for k, v in kw.items() if k not in ("sinks", "alibi")}
+    out = {k: v for k, v in kw.items() if k not in ("sinks", "alibi", "fp8")}
+    if kw.get("fp8"):
+        out.update(k_scale=1.0, v_scale=1.0)
     g = torch.Generator().manual_seed(1)
     if kw.get("sinks"):
         out["sinks"] = (torch.randn(Hq, generator=g) * 2).cuda()
@@ -89,6 +99,7 @@ def _flashinfer(q, k, v, bt, lens, kw):
         return None, "flashinfer not importable"
     if bt is None or "sinks" in kw or "alibi_slopes" in kw or "backend" in kw:
         return None, "n/a"
+    fp8 = "k_scale" in kw
     if q.shape[-1] not in (64, 128, 256):  # its kernels are built for these (others fault)
         return None, "head dim not built"
     B, _, Hq, D = q.shape
@@ -106,18 +117,20 @@ def _flashinfer(q, k, v, bt, lens, kw):
     w.plan(indptr, bt.reshape(-1), last, Hq, Hkv, D, 16, pos_encoding_mode="NONE", q_data_type=q.dtype,
            kv_data_type=k.dtype, **extra)
     qq = q.reshape(B, Hq, D)
+    if fp8:
+        return (lambda: w.run(qq, (k, v), k_scale=kw["k_scale"], v_scale=kw["v_scale"])), ""
     return (lambda: w.run(qq, (k, v))), ""
 
 
 def _row(name, B, L, Hq, Hkv, D, kw, paged, gbytes, reps, dev) -> dict:
-    q, k, v, lens, bt = _inputs(B, L, Hq, Hkv, D, paged)
+    q, k, v, lens, bt = _inputs(B, L, Hq, Hkv, D, paged, fp8="k_scale" in kw)
     row = dict(name=name, paged=paged, B=B, L=L, Hq=Hq, Hkv=Hkv, D=D,
                variant={key: (val if not isinstance(val, torch.Tensor) else "tensor") for key, val in kw.items()})
     try:
         o = splitkv.decode(q, k, v, lens, block_table=bt, **kw)
         row["max_err"] = _check(q, k, v, lens, bt, kw, o)
         row["eager_us"] = time_eager(lambda: splitkv.decode(q, k, v, lens, block_table=bt, **kw), dev, reps)[0]
-        p = splitkv.plan(lens, Hq, Hkv, D, max_seqlen=L, paged=paged, dtype=q.dtype, **kw)
+        p = splitkv.plan(lens, Hq, Hkv, D, max_seqlen=L, paged=paged, dtype=q.dtype, kv_dtype=k.dtype, **kw)
         pkw = {key: val for key, val in kw.items() if key != "backend"}
         row["backend"] = p.backend
         row["graph_us"] = time_graph([lambda: splitkv.decode(q, k, v, lens, block_table=bt, plan=p, **pkw)],
@@ -149,7 +162,7 @@ def main(argv=None) -> int:
     for name, B, L, Hq, Hkv, D, vk in ROWS:
         kw = _variant(vk, Hq)
         keys = min(L, kw["window_size"][0] + 1) if "window_size" in kw else L
-        gbytes = 2 * B * keys * Hkv * D * 2 / 1e9
+        gbytes = 2 * B * keys * Hkv * D * (1 if vk.get("fp8") else 2) / 1e9  # bytes actually read
         for paged in (False, True):
             row = _row(name, B, L, Hq, Hkv, D, kw, paged, gbytes, args.reps, dev)
             print(json.dumps(row), flush=True)
