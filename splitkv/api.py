@@ -53,6 +53,8 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
         variant = V.make(window_size, softcap, sinks, alibi_slopes, num_q_heads=q.shape[2] if q.dim() == 4 else -1,
                          device=q.device, k_scale=k_scale, v_scale=v_scale, kv_dtype=getattr(k_cache, "dtype", None),
                          num_kv_heads=k_cache.shape[2] if getattr(k_cache, "dim", lambda: 0)() == 4 else -1)
+        if variant.plain:  # e.g. window_size=[-1, -1]: the plain call, lean path included
+            variant = V.PLAIN
     if plan is None and torch.compiler.is_compiling():
         ks, vs = variant.k_scale, variant.v_scale
         if variant.fp8 == "tensor":  # the op takes tensors: 0-dim CPU ones (read without a sync)
