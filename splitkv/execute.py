@@ -26,7 +26,7 @@ import torch
 
 from . import debug, validate
 from .plan import DecodePlan, build, maybe_print
-from .variants import PLAIN
+from .variants import PLAIN, PLAIN_KEY
 
 # (signature, stream or thread) -> DecodePlan. Never evicted: a CUDA graph that captured a plain
 # decode replays into its plan's workspace, so dropping the plan (and its memory) behind the graph's
@@ -172,7 +172,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         if plan.checked[0] is not prob or backend != "auto":  # validated Problems are cached: same object, same call
             plan.check_call(prob, backend, q.device)
             plan.checked[0] = prob if backend == "auto" else None
-        if variant is not PLAIN or plan.variant_key != PLAIN.key():
+        if variant is not PLAIN or plan.variant_key != PLAIN_KEY:
             plan.check_variant(variant)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(prob.head_dim)
     o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)

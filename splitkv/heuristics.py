@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .constants import UNBOUNDED
+
 # Aim for this many resident blocks per SM when splitting. One wave of single blocks leaves no
 # block to hide a neighbour's tail or its prologue; two per SM fit (a 64x128 fp32 accumulator plus
 # a 3-stage K/V pipeline is ~100 KB of shared memory at D=128), so the target is 2 waves.
@@ -176,13 +178,13 @@ class SplitRule:
     cap: int = MAX_SPLITS  # auto: chunks of at least longest / cap
     balance: float = BALANCE  # auto: the ragged re-plan's trigger
     # a sliding window bounds the keys a request's queries can see to span_cap = Sq + left
-    # (splitkv.variants.first_key): requests are split over those keys only; 2^30 = no window
-    span_cap: int = 1 << 30
+    # (splitkv.variants.first_key): requests are split over those keys only; UNBOUNDED = no window
+    span_cap: int = UNBOUNDED
 
 
 def split_rule(*, batch: int, groups_per_request: int, block_n: int, max_seqlen: int, num_sms: int,
                blocks_per_sm: int = BLOCKS_PER_SM, num_splits: int | None = None,
-               batch_invariant: bool = False, span_cap: int = 1 << 30) -> SplitRule:
+               batch_invariant: bool = False, span_cap: int = UNBOUNDED) -> SplitRule:
     rule = _split_rule(batch=batch, groups_per_request=groups_per_request, block_n=block_n,
                        max_seqlen=min(max_seqlen, span_cap), num_sms=num_sms, blocks_per_sm=blocks_per_sm,
                        num_splits=num_splits, batch_invariant=batch_invariant)

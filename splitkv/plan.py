@@ -31,7 +31,7 @@ from . import backends, validate
 from . import heuristics as H
 from . import workspace as W
 from .constants import HEAD_DIMS as CUTLASS_HEAD_DIMS
-from .variants import FP8_DTYPES, PLAIN, Variant
+from .variants import FP8_DTYPES, PLAIN, PLAIN_KEY, Variant
 from .variants import make as make_variant
 
 
@@ -75,7 +75,7 @@ class DecodePlan:
     o_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq, D], None when no request can split
     lse_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq]
     lse_scratch: torch.Tensor  # fp32 [B, Hq, Sq]: the lse of calls that do not return it
-    variant_key: tuple = PLAIN.key()  # the attention variant it was made for (splitkv.variants)
+    variant_key: tuple = PLAIN_KEY  # the attention variant it was made for (splitkv.variants)
     # (weakref, _version) of the lengths tensor the table was last computed from (schedule_if_new)
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
     launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
@@ -232,7 +232,7 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    span_cap = prob.q_len + variant.window_left if variant.window_left >= 0 else 1 << 30
+    span_cap = variant.span_cap(prob.q_len)
     kw = dict(num_splits=num_splits, batch_invariant=batch_invariant,
               num_sms=num_sms if num_sms is not None else device_num_sms(device), span_cap=span_cap)
     name, auto = _choose_backend(backend, prob, device, layout_ok, variant, **kw)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-_FAR = 1 << 30  # an unbounded window side, as the kernels take it (positions stay far below 2^30)
+from .constants import UNBOUNDED
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,11 +77,17 @@ class Variant:
 
     def window_bounds(self) -> tuple[int, int]:
         """(left, right) keys of reach, an unbounded side as a large number (what kernels take)."""
-        return (self.window_left if self.window_left >= 0 else _FAR,
-                self.window_right if self.window_right >= 0 else _FAR)
+        return (self.window_left if self.window_left >= 0 else UNBOUNDED,
+                self.window_right if self.window_right >= 0 else UNBOUNDED)
+
+    def span_cap(self, q_len: int) -> int:
+        """Keys the queries of a request can see at most: Sq + left with a left window (the
+        planner splits only these; first_key is where they start), UNBOUNDED without one."""
+        return q_len + self.window_left if self.window_left >= 0 else UNBOUNDED
 
 
 PLAIN = Variant()
+PLAIN_KEY = PLAIN.key()
 
 
 def first_key(seqlens: torch.Tensor, q_len: int, window_left: int) -> torch.Tensor:
