@@ -98,7 +98,7 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def tile_config(head_dim: int, rows: int, splitting: bool = True) -> TileConfig:
+def tile_config(head_dim: int, rows: int, splitting: bool = True, kv_fp8: bool = False) -> TileConfig:
     """Tile shape for `rows` packed query rows (qhead_per_kvhead * q_len) at `head_dim`.
 
     Measured on the H200 (benchmarks/triton_tune.py, bf16, D=128, 2026-11-29):
@@ -109,10 +109,17 @@ def tile_config(head_dim: int, rows: int, splitting: bool = True) -> TileConfig:
         247 us vs 291), matching cuDNN.
     At D=256 the key tile halves and warps double so the fp32 accumulator (block_m x 256) and the
     K/V stages fit (not yet tuned on the GPU).
+    fp8 K/V (kv_fp8, D <= 128): block_n 128, 4 warps, 3 stages, split or not — half the bytes per
+    key, so a tile of twice the keys keeps as many bytes in flight. H200, eager with a plan, e4m3,
+    fp16 dots (benchmarks/results/2026-12-02-h200-fp8/fp8_tiles.json): B=1 GQA 32/8 128K 96.6 us vs 102.8 at block_n 64 (paged 16: 107.5 vs
+    135.3); B=1 MHA 32K 94.3 vs 105.6 (paged 111.6 vs 136.3); B=16 GQA 32K 435 vs 618 (paged 512
+    vs 648; 8 warps: 380 contiguous but 595 paged).
     """
     block_m = min(max(_next_pow2(rows), MIN_BLOCK_M), MAX_BLOCK_M)
     if _next_pow2(head_dim) >= 256:  # Triton pads D to a power of 2 (D 136..256 -> 256)
         return TileConfig(block_m, 32, 8, 2)
+    if kv_fp8:
+        return TileConfig(block_m, 128, 4, 3)
     if splitting:
         return TileConfig(block_m, 64, 4, 3)
     return TileConfig(block_m, 128, 4, 3)
@@ -141,7 +148,7 @@ def query_tiles(rows: int, block_m: int) -> int:
 # 1 + batch / CTAs = 1 + 1 / RAGGED_SPLITS_PER_REQUEST = 1.25, and the GPU's block scheduler packs
 # the several waves. Uniform batches never trigger it (their one-wave plan is balanced).
 # The grid's split dimension must cover that re-plan, and every CTA past a request's split count
-# still launches and exits (an estimate, not measured: ~1 us per wave of such empty CTAs). So when batch x
+# still launches and exits (see WORK_LIST_MIN_SAVING for what that costs). So when batch x
 # groups already fills the GPU (uniform batches then run unsplit), the grid keeps only
 # FULL_GRID_MAX_SPLITS splits: enough to cut a ragged batch's longest requests into a few CTAs.
 BALANCE = 1.25
@@ -265,6 +272,49 @@ def schedule(seqlens: torch.Tensor, rule: SplitRule) -> tuple[torch.Tensor, torc
     chunk = torch.div(tiles + n - 1, n, rounding_mode="floor").clamp_(min=1)
     n = torch.div(tiles + chunk - 1, chunk, rounding_mode="floor").clamp_(min=1)  # no empty trailing split
     return n.int(), (chunk * bn).int()
+
+
+# Work list (Triton split kernel): an auto plan's requests together get at most
+# max(ragged_target, batch) splits (the schedule's bound, whatever the lengths), often far fewer
+# than the batch x max_splits CTAs of a (split, request) grid, whose surplus CTAs each launch,
+# read the split table and exit. Where that bound is at most 1 / WORK_LIST_MIN_SAVING of the grid,
+# the schedule also writes the list of (request, split) items and the grid has one CTA per item
+# and KV head instead — but only while the bound is the one-wave target itself (batch x
+# RAGGED_SPLITS_PER_REQUEST <= target: no ragged headroom, so a uniform batch leaves no item
+# empty). H200, graph replay, Triton, GQA 32/8 D 128, grid vs work list
+# (benchmarks/results/2026-12-02-h200-fp8/worklist_ab_head_fast.json):
+#   B=4 32K (33 items, 32 used): bf16 143.4 -> 130.1 us, fp8 e4m3 115.4 -> 89.5 (paged 16: bf16
+#   157.7 -> 132.7, fp8 135.2 -> 100.5);
+#   B=16 (64 items, 32 used when uniform): 32K bf16 548.0 -> 586.6, fp8 430.0 -> 427.1; lengths
+#   1K..128K bf16 514.4 -> 550.1, fp8 338.5 -> 320.8 — so B=16 keeps the grid.
+WORK_LIST_MIN_SAVING = 2
+
+
+def work_items(rule: SplitRule, batch: int) -> int | None:
+    """Items of the split kernel's work list for this rule (an upper bound on the splits of the
+    whole batch), or None where the (split, request) grid is used (forced and fixed rules, where
+    every request may take max_splits; rules with ragged headroom; grids the list would not
+    shrink enough): see WORK_LIST_MIN_SAVING."""
+    if rule.mode != "auto" or rule.max_splits == 1 or rule.ragged_target > rule.target:
+        return None
+    full = batch * rule.max_splits
+    items = min(max(rule.ragged_target, rule.target, batch), full)
+    return items if items * WORK_LIST_MIN_SAVING <= full else None
+
+
+def work_list(num_splits: torch.Tensor, items: int) -> torch.Tensor:
+    """int32 [2, items]: (request, split) of every split of the batch in request order, -1 in both
+    rows past the last (the specification of the schedule kernel's WORK output)."""
+    n = num_splits.long()
+    total = int(n.sum())
+    if total > items:
+        raise AssertionError(f"{total} splits exceed the work list's {items} items")
+    req = torch.repeat_interleave(torch.arange(n.numel()), n)
+    first = torch.cumsum(n, 0) - n
+    out = torch.full((2, items), -1, dtype=torch.int32)
+    out[0, :total] = req.int()
+    out[1, :total] = (torch.arange(total) - first[req]).int()
+    return out
 
 
 # Append kernel tile: a program holds BLOCK_H x BLOCK_D fp32 values of K (plus the RoPE partner):

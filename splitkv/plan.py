@@ -4,7 +4,8 @@ A plan is built once from the problem's shapes (validate.Problem, or plan()'s ar
 on the lengths, and then only launches. It fixes: the backend (`auto` fully resolved), the kernel
 tile of that backend (heuristics), the split rule and the grid's split dimension (`max_splits`),
 fuse/no-fuse of the merge, the workspace and the merge counters. It holds one device tensor per
-step, `sched` (int32 [2, B]: num_splits and chunk_lens per request), written by `refresh` from the
+step, `sched` (int32 [2, B]: num_splits and chunk_lens per request; for a Triton plan whose grid
+is a work list, also `work`, the (request, split) of each CTA), written by `refresh` from the
 actual lengths ON THE DEVICE (backends/triton/schedule_kernel.py; heuristics.schedule on the CPU):
 no host read of cache_seqlens, so every plan is CUDA-graph safe and balances a ragged batch from its
 actual lengths, eager or replayed.
@@ -76,6 +77,10 @@ class DecodePlan:
     lse_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq]
     lse_scratch: torch.Tensor  # fp32 [B, Hq, Sq]: the lse of calls that do not return it
     variant_key: tuple = PLAIN_KEY  # the attention variant it was made for (splitkv.variants)
+    # int32 [2, items] (rows 16-byte aligned): the Triton split kernel's work list, (request, split) per CTA column,
+    # written with sched (heuristics.work_items / work_list); None: a (split, request) grid
+    work: torch.Tensor | None = None
+    work_items: int = 0
     # (weakref, _version) of the lengths tensor the table was last computed from (schedule_if_new)
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
     launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
@@ -147,11 +152,13 @@ class DecodePlan:
         if self.device.type == "cuda" and backends.triton_available():
             from .backends.triton.launch import schedule
 
-            schedule(cache_seqlens, self.sched, self.rule, self.launches)
+            schedule(cache_seqlens, self.sched, self.rule, self.launches, self.work)
         else:
             n, chunk = H.schedule(cache_seqlens, self.rule)
             self.num_splits.copy_(n)
             self.chunk_lens.copy_(chunk)
+            if self.work is not None:
+                self.work.copy_(H.work_list(n, self.work_items))
 
     def check_call(self, prob: validate.Problem, backend: str, device: torch.device) -> None:
         """The call must be the problem the plan was made for; each mismatch is named."""
@@ -195,7 +202,7 @@ class DecodePlan:
 def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, num_sms, span_cap) -> tuple:
     """(tile, m_tiles, rule) of `backend` for this problem."""
     rows = prob.qhead_per_kvhead * prob.q_len
-    tile = H.tile_config(prob.head_dim, rows)  # the split tile: its block_n sizes the rule
+    tile = H.tile_config(prob.head_dim, rows, kv_fp8=prob.kv_fp8)  # the split tile: its block_n sizes the rule
     m_tiles = H.query_tiles(rows, tile.block_m)
     rule = H.split_rule(batch=prob.batch, groups_per_request=prob.num_kv_heads * m_tiles, block_n=tile.block_n,
                         max_seqlen=prob.max_seqlen, num_sms=num_sms,
@@ -245,12 +252,13 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
         tile = H.TileConfig(tile.block_m, block_n, tile.num_warps, stages)
         fuse = 1 < rule.max_splits <= H.CUTLASS_FUSED_MERGE_MAX_SPLITS
     else:
-        t = H.tile_config(prob.head_dim, prob.qhead_per_kvhead * prob.q_len, splitting=splitting)
+        t = H.tile_config(prob.head_dim, prob.qhead_per_kvhead * prob.q_len, splitting=splitting, kv_fp8=prob.kv_fp8)
         tile = H.TileConfig(t.block_m, t.block_n, t.num_warps, H.launch_stages(t, paged))
         fuse = name == "triton" and 1 < rule.max_splits <= H.FUSED_MERGE_MAX_SPLITS
     fuse = fuse and not batch_invariant  # one merge path (the merge kernel) for every batch
     B, S = prob.batch, rule.max_splits
     pad = -(-max(B, 1) // 4) * 4  # 16-byte aligned rows: Triton specialises pointers on alignment
+    items = (H.work_items(rule, B) or 0) if name == "triton" else 0
 
     def tensors():
         sched = torch.ones(2, pad, dtype=torch.int32, device=device)
@@ -262,13 +270,18 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
             if fuse:
                 counters = torch.zeros(B * prob.num_kv_heads * m_tiles, dtype=torch.int32, device=device)
         lse_scratch = torch.empty(B, prob.num_q_heads, prob.q_len, dtype=torch.float32, device=device)
-        return sched, counters, o_part, lse_part, lse_scratch
+        work = None
+        if items:  # one split per request until the first schedule, as sched
+            work = torch.full((2, -(-items // 4) * 4), -1, dtype=torch.int32, device=device)[:, :items]
+            work[0, :B] = torch.arange(B, dtype=torch.int32, device=device)  # items >= B (work_items)
+            work[1, :B] = 0
+        return sched, counters, o_part, lse_part, lse_scratch, work
 
-    sched, counters, o_part, lse_part, lse_scratch = W.outside_graph_pools(tensors, device)
+    sched, counters, o_part, lse_part, lse_scratch, work = W.outside_graph_pools(tensors, device)
     return DecodePlan(B, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len,
                       prob.dtype if dtype_bound else None, paged, prob.max_seqlen, device, name, auto, tile,
                       m_tiles, rule, fuse, batch_invariant, sched, counters, o_part, lse_part, lse_scratch,
-                      variant.key())
+                      variant.key(), work, items)
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,

@@ -275,7 +275,7 @@ def test_rows_measured_before_a_crash_are_written(tmp_path, monkeypatch):
 def test_headline_suite_covers_peers_md_and_the_ragged_batch():
     suite = shapes.suite("headline")
     names = [s.name for s in suite]
-    assert len(names) == len(set(names)) == 14 + 8 + 2
+    assert len(names) == len(set(names)) == 14 + 8 + 2 + 6  # + the fp8 rows
     for B, L, Hq, Hkv in shapes.PEERS_MD_SDPA:
         assert shapes.make_shape(B, L, Hq, Hkv).name in names
     for B, L, Hq, Hkv in shapes.PEERS_MD_PAGED:
@@ -288,6 +288,36 @@ def test_headline_suite_covers_peers_md_and_the_ragged_batch():
     assert ragged.name == "b16-ragged1k-128k-lin-h32x8-d128-paged16"
     full = [s.name for s in shapes.full_suite()]
     assert ragged.name in full and len(full) == len(set(full))  # distinct from the geometric spread
+
+
+def test_fp8_rows_count_one_byte_per_kv_value_and_check_against_the_scaled_reference(quick_run):
+    """fp8 rows: K/V stored in e4m3, bytes counted at one per K/V value, splitkv checked against the
+    reference of the dequantised cache with the rows' scales (a dropped scale fails the row), SDPA
+    n/a; the fp8 suite pairs every shape with its bf16 twin."""
+    _, _, doc = quick_run
+    (s,) = [s for s in shapes.quick_suite() if s.kv_dtype]
+    assert s.name.endswith("-fp8e4m3")
+    bf16_twin = shapes.make_shape(s.batch, s.seqlens[0], s.num_q_heads, s.num_kv_heads, s.head_dim,
+                                  page_size=s.page_size)
+    assert s.kv_bytes(2) * 2 == bf16_twin.kv_bytes(2)
+    rows = {r["provider"]: r for r in doc["rows"] if r["shape"] == s.name}
+    assert rows["splitkv-torch"]["status"] == "ok" and rows["splitkv-torch"]["rel_err"] < 1e-2
+    assert rows["sdpa-flash"]["status"] == "n/a"
+    case = inputs.build_case(s, torch.bfloat16, "cpu")
+    assert case.base.k_cache.dtype == torch.float8_e4m3fn and case.kv_kwargs == dict(k_scale=0.5, v_scale=2.0)
+    ref = check.build_reference(case)
+    import splitkv
+
+    ts = case.base
+    o = splitkv.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, block_table=ts.block_table, backend="torch",
+                       **case.kv_kwargs)
+    assert ref.error(o)[1] < 1e-2
+    wrong = splitkv.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, block_table=ts.block_table,
+                           backend="torch", k_scale=0.5, v_scale=1.0)
+    assert ref.error(wrong)[1] > 0.1
+    fp8 = shapes.suite("fp8")
+    assert len(fp8) == 12 and sum(bool(x.kv_dtype) for x in fp8) == 6
+    assert all(x in shapes.headline_suite() for x in fp8 if x.kv_dtype)
 
 
 def test_noplan_provider_mode():

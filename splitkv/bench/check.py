@@ -64,7 +64,7 @@ def build_reference(case: Case) -> Reference:
     kvh = torch.tensor(kv_heads, device=dev)
     lengths = [s.seqlens[b] for b in rows]
     cap = max(lengths)
-    k = torch.zeros(len(rows), cap, len(kv_heads), s.head_dim, dtype=case.dtype, device=dev)
+    k = torch.zeros(len(rows), cap, len(kv_heads), s.head_dim, dtype=ts.k_cache.dtype, device=dev)
     v = torch.zeros_like(k)
     for i, (b, L) in enumerate(zip(rows, lengths, strict=True)):
         k[i, :L] = gather_keys(ts.k_cache, b, L, ts.block_table).index_select(1, kvh)
@@ -72,5 +72,5 @@ def build_reference(case: Case) -> Reference:
     q = ts.q.index_select(0, torch.tensor(rows, device=dev))
     q = q.index_select(2, torch.tensor(q_heads, device=dev))
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=dev)
-    o, _ = decode_reference(q, k, v, seqlens, causal=s.causal)
+    o, _ = decode_reference(q, k, v, seqlens, causal=s.causal, **case.kv_kwargs)
     return Reference(rows, q_heads, o, scope)

@@ -49,9 +49,12 @@ class _FlashInferSession(Session):
                           paged_kv_last_page_len_buffer=torch.empty_like(last))
             self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc, **kw)
             self.wrapper.plan(indptr, indices, last, s.num_q_heads, s.num_kv_heads, s.head_dim, page_size,
-                              pos_encoding_mode="NONE", q_data_type=case.dtype, kv_data_type=case.dtype)
+                              pos_encoding_mode="NONE", q_data_type=case.dtype,
+                              kv_data_type=case.base.k_cache.dtype)
             self.note = "decode wrapper, " + ("tensor cores" if tc else "CUDA cores")
         else:
+            if s.kv_dtype:
+                raise NotApplicable("fp8 KV: compared through the decode wrapper only (Sq = 1)")
             qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=dev) * s.q_len
             kw = {}
             if graph:
@@ -64,13 +67,14 @@ class _FlashInferSession(Session):
                               page_size, causal=True, q_data_type=case.dtype, kv_data_type=case.dtype)
             self.note = "prefill wrapper, causal"
         self._ws = ws
+        self.kw = case.kv_kwargs  # fp8: run(..., k_scale=, v_scale=), FlashInfer's per-tensor scales
 
     def bind(self, ts: TensorSet):
-        s = self.shape
+        s, kw = self.shape, self.kw
         k_pages, v_pages = page_view(ts, s)[:2]
         q = ts.q.reshape(s.batch * s.q_len, s.num_q_heads, s.head_dim)
         run = self.wrapper.run
-        return lambda: run(q, (k_pages, v_pages)).view(s.batch, s.q_len, s.num_q_heads, s.head_dim)
+        return lambda: run(q, (k_pages, v_pages), **kw).view(s.batch, s.q_len, s.num_q_heads, s.head_dim)
 
 
 class FlashInfer(Provider):
@@ -115,6 +119,8 @@ class FlashAttn(Provider):
         return _missing(self.module)
 
     def unsupported(self, case: Case) -> str | None:
+        if case.shape.kv_dtype:
+            return "no fp8 KV with bf16 q in flash_attn_with_kvcache"
         # FA2's paged path takes pages of a multiple of 256 keys only
         if self.version == 2 and case.shape.paged and case.shape.page_size % 256:
             return f"paged KV needs page_size % 256 == 0 (got {case.shape.page_size})"
@@ -183,6 +189,8 @@ class Flex(Provider):
         return _missing("torch.nn.attention.flex_attention")
 
     def unsupported(self, case: Case) -> str | None:
+        if case.shape.kv_dtype:
+            return "no fp8 KV input"
         return "no paged KV input" if case.shape.paged else None
 
     def session(self, case: Case, graph: bool) -> Session:

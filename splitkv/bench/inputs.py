@@ -9,6 +9,8 @@ outside the timed region):
                request to a shuffled set of pages (as a real allocator leaves them); unused
                entries are 0
   cache_seqlens int32 [B]
+  fp8 rows     K/V float8_e4m3fn (standard normal values cast), read with the per-tensor scales
+               FP8_SCALES (k_scale, v_scale: both != 1, so a kernel that drops one is wrong)
 
 Rotation: CUDA-graph timing replays N calls back to back with no L2 flush in between, so the calls
 cycle over copies of q/K/V whose total size exceeds the L2 (50 MB on H200) several times over.
@@ -27,6 +29,8 @@ from .shapes import Shape
 # five H200 L2s (50 MB), the figure PEERS.md used (> 240 MB per rotation).
 ROTATION_BYTES = 256 * 2**20
 MAX_ROTATION = 64  # tiny shapes: beyond this many copies the capture itself dominates set-up time
+FP8_SCALES = (0.5, 2.0)
+KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
 
 # Padding unit of contiguous capacity: FlashInfer views the storage as 16-key pages.
 CAPACITY_ALIGN = 16
@@ -53,6 +57,11 @@ class Case:
     def elem_bytes(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
 
+    @property
+    def kv_kwargs(self) -> dict:
+        """decode's / the reference's scale arguments for this case's cache ({} unless fp8)."""
+        return dict(zip(("k_scale", "v_scale"), FP8_SCALES, strict=True)) if self.shape.kv_dtype else {}
+
     def rotation_count(self) -> int:
         per_set = max(self.shape.bytes(self.elem_bytes), 1)
         return min(MAX_ROTATION, max(1, math.ceil(ROTATION_BYTES / per_set)))
@@ -74,8 +83,10 @@ def build_case(shape: Shape, dtype: torch.dtype, device, seed: int = 0) -> Case:
     gen = torch.Generator(device=device).manual_seed(seed)
     B, Sq, Hq, Hkv, D = shape.batch, shape.q_len, shape.num_q_heads, shape.num_kv_heads, shape.head_dim
 
-    def randn(*size):
-        return torch.randn(*size, generator=gen, device=device, dtype=dtype)
+    kv_dtype = KV_DTYPES[shape.kv_dtype] if shape.kv_dtype else dtype
+
+    def randn(*size, out=dtype):
+        return torch.randn(*size, generator=gen, device=device, dtype=dtype).to(out)
 
     q = randn(B, Sq, Hq, D)
     seqlens = torch.tensor(shape.seqlens, dtype=torch.int32, device=device)
@@ -89,11 +100,11 @@ def build_case(shape: Shape, dtype: torch.dtype, device, seed: int = 0) -> Case:
         for b, n in enumerate(pages):
             table[b, :n] = perm[off:off + n]
             off += n
-        k, v = randn(total, ps, Hkv, D), randn(total, ps, Hkv, D)
+        k, v = randn(total, ps, Hkv, D, out=kv_dtype), randn(total, ps, Hkv, D, out=kv_dtype)
         block_table = table.to(device)
     else:
         cap = math.ceil(shape.max_seqlen / CAPACITY_ALIGN) * CAPACITY_ALIGN
-        k, v = randn(B, cap, Hkv, D), randn(B, cap, Hkv, D)
+        k, v = randn(B, cap, Hkv, D, out=kv_dtype), randn(B, cap, Hkv, D, out=kv_dtype)
         block_table = None
     return Case(shape, dtype, device, TensorSet(q, k, v, seqlens, block_table), [])
 

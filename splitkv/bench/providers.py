@@ -69,8 +69,10 @@ class _SplitKVSession(Session):
     def __init__(self, backend: str, case: Case, graph: bool, num_splits: int | None):
         s, ts = case.shape, case.base
         bound = s.max_seqlen if graph else None
+        self.kw = case.kv_kwargs  # fp8 rows: the scales
         self.plan = splitkv.plan(ts.cache_seqlens, s.num_q_heads, s.num_kv_heads, s.head_dim, q_len=s.q_len,
-                                 num_splits=num_splits, max_seqlen=bound, backend=backend, paged=s.paged)
+                                 num_splits=num_splits, max_seqlen=bound, backend=backend, paged=s.paged,
+                                 kv_dtype=ts.k_cache.dtype, **self.kw)
         if graph:
             self.plan.refresh(ts.cache_seqlens)  # once per step, as a server does before replaying
         self.backend, self.causal = backend, s.causal
@@ -78,9 +80,9 @@ class _SplitKVSession(Session):
         self.note = "graph-safe plan" if graph else "plan made once, reused"
 
     def bind(self, ts: TensorSet):
-        p, backend, causal = self.plan, self.backend, self.causal
+        p, backend, causal, kw = self.plan, self.backend, self.causal, self.kw
         return lambda: splitkv.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, block_table=ts.block_table,
-                                      causal=causal, plan=p, backend=backend)
+                                      causal=causal, plan=p, backend=backend, **kw)
 
 
 class _SplitKVNoPlanSession(Session):
@@ -91,18 +93,19 @@ class _SplitKVNoPlanSession(Session):
 
     def __init__(self, backend: str, case: Case, num_splits: int | None):
         s = case.shape
-        self.backend, self.causal, self.num_splits = backend, s.causal, num_splits
+        self.backend, self.causal, self.num_splits, self.kw = backend, s.causal, num_splits, case.kv_kwargs
         try:  # what decode would plan, for --explain (made here, never inside the timed calls)
             p = splitkv.plan(case.base.cache_seqlens, s.num_q_heads, s.num_kv_heads, s.head_dim, q_len=s.q_len,
-                             num_splits=num_splits, backend=backend, paged=s.paged)
+                             num_splits=num_splits, backend=backend, paged=s.paged,
+                             kv_dtype=case.base.k_cache.dtype, **self.kw)
             self.plan_text = "decode plans itself, like " + p.describe()
         except Exception as exc:  # noqa: BLE001 - display only
             self.plan_text = f"decode plans itself ({type(exc).__name__} describing it: {exc})"
 
     def bind(self, ts: TensorSet):
-        backend, causal, n = self.backend, self.causal, self.num_splits
+        backend, causal, n, kw = self.backend, self.causal, self.num_splits, self.kw
         return lambda: splitkv.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, block_table=ts.block_table,
-                                      causal=causal, num_splits=n, backend=backend)
+                                      causal=causal, num_splits=n, backend=backend, **kw)
 
 
 NOPLAN = "-noplan"  # provider-name suffix of the no-plan mode: splitkv-<backend>-noplan
@@ -139,6 +142,8 @@ class SplitKV(Provider):
             backends.resolve(self.backend, case.device)
         except (ValueError, RuntimeError) as exc:
             return str(exc)
+        if case.shape.kv_dtype and self.backend == "cutlass":
+            return "fp8 KV: not in the cutlass backend (auto runs triton)"
         return None
 
     def session(self, case: Case, graph: bool) -> Session:
@@ -223,6 +228,8 @@ class SDPA(Provider):
         return None
 
     def unsupported(self, case: Case) -> str | None:
+        if case.shape.kv_dtype:
+            return "no fp8 KV with bf16 q"
         if case.shape.paged:
             return "no paged KV input"
         if not case.shape.uniform:

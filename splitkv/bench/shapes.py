@@ -10,10 +10,13 @@ Suites
          FlashInfer table: 8 paged page_size 16 shapes; its graph-replay table is a subset of the
          first) + the ragged batches B=16, lengths 1K-128K spread geometrically and evenly, paged 16. The suite of
          `bash benchmarks/gpu_run.sh bench` (eager no-plan / plan / graph vs the peers).
+  fp8    the fp8 KV issue's shapes (B=1 GQA 128K, B=16 GQA 32K, B=1 MHA 32K; contiguous and paged
+         16), each with a bf16 cache and an e4m3 cache (bf16 q). Their fp8 rows are in full and
+         headline too.
   quick  tiny shapes that run on a CPU in seconds (tests, smoke runs); same kinds of rows.
 
 Names are stable (rows are reproduced with `--shapes NAME`):
-  b{B}-l{L}-h{Hq}x{Hkv}-d{D}[-sq{Sq}][-paged{page_size}], ragged: b{B}-ragged{Lmin}-{Lmax}-...
+  b{B}-l{L}-h{Hq}x{Hkv}-d{D}[-sq{Sq}][-paged{page_size}][-fp8e4m3], ragged: b{B}-ragged{Lmin}-{Lmax}-...
   (geometric spread), b{B}-ragged{Lmin}-{Lmax}-lin-... (evenly spaced lengths)
 """
 
@@ -40,6 +43,7 @@ class Shape:
     causal: bool = True
     page_size: int | None = None  # None: contiguous cache [B, Lmax, Hkv, D]
     tags: tuple[str, ...] = ()  # "grid" rows feed the bandwidth plot
+    kv_dtype: str = ""  # "": K/V in q's dtype; "fp8_e4m3": float8_e4m3fn K/V (per-tensor scales)
 
     @property
     def paged(self) -> bool:
@@ -54,18 +58,21 @@ class Shape:
         return len(set(self.seqlens)) == 1
 
     def bytes(self, elem_bytes: int) -> int:
+        """byte_model at q's element size (an fp8 row's K/V count one byte each)."""
         return byte_model(self.seqlens, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len,
-                          elem_bytes)
+                          elem_bytes, 1 if self.kv_dtype else elem_bytes)
 
     def kv_bytes(self, elem_bytes: int) -> int:
-        return 2 * sum(self.seqlens) * self.num_kv_heads * self.head_dim * elem_bytes
+        kv_elem = 1 if self.kv_dtype else elem_bytes
+        return 2 * sum(self.seqlens) * self.num_kv_heads * self.head_dim * kv_elem
 
 
 def byte_model(seqlens, num_q_heads: int, num_kv_heads: int, head_dim: int, q_len: int,
-               elem_bytes: int) -> int:
+               elem_bytes: int, kv_elem_bytes: int | None = None) -> int:
     """Bytes a decode step must move at least: the useful traffic that effective TB/s divides.
 
-        K + V of the valid positions: 2 * sum(seqlens) * Hkv * D * elem_bytes  (read once each)
+        K + V of the valid positions: 2 * sum(seqlens) * Hkv * D * kv_elem_bytes  (read once each;
+                                      kv_elem_bytes = elem_bytes unless the cache is fp8)
         q and o:                      2 * B * Sq * Hq * D * elem_bytes          (read q, write o)
 
     Not counted: split partials and their merge (our overhead, not work), lse, block tables and
@@ -74,7 +81,7 @@ def byte_model(seqlens, num_q_heads: int, num_kv_heads: int, head_dim: int, q_le
     provider, so TB/s compares time for the same work.
     """
     batch = len(seqlens)
-    kv = 2 * sum(int(L) for L in seqlens) * num_kv_heads * head_dim * elem_bytes
+    kv = 2 * sum(int(L) for L in seqlens) * num_kv_heads * head_dim * (kv_elem_bytes or elem_bytes)
     qo = 2 * batch * q_len * num_q_heads * head_dim * elem_bytes
     return kv + qo
 
@@ -84,7 +91,7 @@ def fmt_len(L: int) -> str:
 
 
 def make_shape(B: int, L, Hq: int, Hkv: int, D: int = 128, *, q_len: int = 1, page_size=None,
-               tags=(), spacing: str = "") -> Shape:
+               tags=(), spacing: str = "", kv_dtype: str = "") -> Shape:
     """One shape; L is an int (uniform batch) or a sequence of per-request lengths (ragged).
     spacing: a suffix of the ragged length token ("lin" for evenly spaced lengths), keeping
     names of batches with the same range distinct."""
@@ -100,7 +107,9 @@ def make_shape(B: int, L, Hq: int, Hkv: int, D: int = 128, *, q_len: int = 1, pa
         name += f"-sq{q_len}"
     if page_size is not None:
         name += f"-paged{page_size}"
-    return Shape(name, B, Hq, Hkv, D, seqlens, q_len, True, page_size, tuple(tags))
+    if kv_dtype:
+        name += "-" + kv_dtype.replace("_", "")
+    return Shape(name, B, Hq, Hkv, D, seqlens, q_len, True, page_size, tuple(tags), kv_dtype)
 
 
 def spread_lengths(batch: int, lo: int, hi: int) -> tuple[int, ...]:
@@ -161,10 +170,26 @@ def paged_peer_shapes() -> list[Shape]:
     return [make_shape(B, L, Hq, Hkv, page_size=16, tags=("paged",)) for B, L, Hq, Hkv in PEERS_MD_PAGED]
 
 
+# (B, L, Hq, Hkv) of the fp8 KV rows: >= 256 MB of bf16 K+V each
+FP8_SHAPES = ((1, 131072, 32, 8), (16, 32768, 32, 8), (1, 32768, 32, 32))
+
+
+def fp8_shapes(with_bf16: bool = False) -> list[Shape]:
+    out = []
+    for (B, L, Hq, Hkv), ps in ((s, p) for s in FP8_SHAPES for p in (None, 16)):
+        for kv in (("", "fp8_e4m3") if with_bf16 else ("fp8_e4m3",)):
+            out.append(make_shape(B, L, Hq, Hkv, page_size=ps, kv_dtype=kv, tags=("fp8",) if kv else ()))
+    return out
+
+
+def fp8_suite() -> list[Shape]:
+    return fp8_shapes(with_bf16=True)
+
+
 def headline_suite() -> list[Shape]:
     out = [make_shape(B, L, Hq, Hkv, tags=("grid",)) for B, L, Hq, Hkv in PEERS_MD_SDPA]
     ragged = make_shape(16, spread_lengths(16, 1024, 131072), 32, 8, page_size=16, tags=("ragged", "paged"))
-    return out + paged_peer_shapes() + [ragged, ragged_linear_shape()]
+    return out + paged_peer_shapes() + [ragged, ragged_linear_shape()] + fp8_shapes()
 
 
 def full_suite() -> list[Shape]:
@@ -178,7 +203,7 @@ def full_suite() -> list[Shape]:
     for B, L, Hq, Hkv, D in ((1, 32768, 32, 8, 64), (16, 4096, 32, 32, 64), (1, 32768, 32, 8, 256),
                              (16, 4096, 32, 32, 256)):
         out.append(make_shape(B, L, Hq, Hkv, D, tags=("headdim",)))
-    return out
+    return out + fp8_shapes()
 
 
 def quick_suite() -> list[Shape]:
@@ -188,10 +213,12 @@ def quick_suite() -> list[Shape]:
     out.append(make_shape(3, (17, 401, 130), 4, 1, 64, tags=("ragged",)))
     out.append(make_shape(3, linear_lengths(3, 17, 401), 4, 1, 64, page_size=16, tags=("ragged", "paged"),
                           spacing="lin"))
+    out.append(make_shape(2, 300, 4, 2, 64, page_size=16, kv_dtype="fp8_e4m3", tags=("fp8",)))
     return out
 
 
-SUITES = {"full": full_suite, "peers": peers_suite, "headline": headline_suite, "quick": quick_suite}
+SUITES = {"full": full_suite, "peers": peers_suite, "headline": headline_suite, "fp8": fp8_suite,
+          "quick": quick_suite}
 
 # --num-splits sweep runs on these (globs): where the planner decides something (B x Hkv below the
 # SM count) and a wrong split count costs the most — small batch, GQA, long context.

@@ -36,8 +36,16 @@ from ..cache import PagedKVCache
 from ..plan import DecodePlan
 from ..plan import plan as make_plan
 from ..validate import HEAD_DIM_RULE, head_dim_ok
+from ..variants import FP8_DTYPES
 
 ATTN_NAME = "splitkv"
+# kv_cache_dtype names (vLLM's spelling) -> the paged cache's dtype; "auto": the model's dtype
+KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+                   "fp8_e5m2": torch.float8_e5m2}
+# fp8 caches: per layer and KV head scales from the prompt, amax / (largest fp8 value / headroom),
+# so a decoded token up to FP8_HEADROOM x the prompt's largest |K| or |V| still fits (past that the
+# append saturates, as serving engines' fp8 caches do)
+FP8_HEADROOM = 2.0
 _ACTIVE: contextvars.ContextVar[DecodeState | None] = contextvars.ContextVar("splitkv_hf_state", default=None)
 
 
@@ -102,12 +110,15 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
     bound = block_table.shape[1] * cache.page_size
     var = _variant(sliding_window, softcap, s_aux)
     vkey = (var.get("window_size"), var.get("softcap"), "sinks" in var)
+    if cache.dtype in FP8_DTYPES:  # the layer's scales (float32 [Hkv]); the plan needs only their form
+        var.update(k_scale=cache.k_scale(layer), v_scale=cache.v_scale(layer))
     p = state.plans.get(vkey)
     if p is None or (p.batch, p.q_len, p.head_dim) != (B, Sq, D) or p.max_seqlen < bound:
         # sized for the table's capacity (no host read of the lengths), rebuilt only when it grows
         p = state.plans[vkey] = make_plan(seqlens, Hq, key.shape[1], D, q_len=Sq, num_splits=state.num_splits,
                                           max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
-                                          backend=state.backend, paged=True, dtype=query.dtype, **var)
+                                          backend=state.backend, paged=True, dtype=query.dtype,
+                                          kv_dtype=cache.dtype, **var)
     elif vkey not in state.refreshed:  # once per step: the split table for these lengths, on the device
         p.refresh(seqlens)
     state.refreshed.add(vkey)
@@ -187,13 +198,44 @@ def _prompt_lengths(input_ids, attention_mask):
     return n
 
 
+def _kv_cache_dtype(kv_cache_dtype, model_dtype) -> torch.dtype:
+    if isinstance(kv_cache_dtype, str) and kv_cache_dtype in KV_CACHE_DTYPES:
+        return KV_CACHE_DTYPES[kv_cache_dtype] or model_dtype
+    if kv_cache_dtype is None or kv_cache_dtype == model_dtype or kv_cache_dtype in FP8_DTYPES:
+        return kv_cache_dtype or model_dtype
+    raise ValueError(f"kv_cache_dtype: expected one of {list(KV_CACHE_DTYPES)}, a float8 dtype or the model's "
+                     f"dtype {model_dtype}, got {kv_cache_dtype!r}")
+
+
+def _fp8_scales(dyn, num_layers: int, lengths: list[int], dtype: torch.dtype):
+    """(k_scale, v_scale) float32 [num_layers, Hkv]: each layer's and KV head's largest |value|
+    over the prompt's real tokens / (the fp8 dtype's largest value / FP8_HEADROOM)."""
+    top = torch.finfo(dtype).max / FP8_HEADROOM
+    S = max(lengths)
+    out = []
+    for which in (0, 1):
+        amax = []
+        for layer in range(num_layers):
+            x = _layer_kv(dyn, layer)[which]  # [B, Hkv, S, D], left-padded
+            real = torch.arange(S, device=x.device)[None, :] >= S - torch.tensor(lengths, device=x.device)[:, None]
+            a = x.float().abs().amax(-1).masked_fill(~real[:, None, :], 0.0)  # padding never counts
+            amax.append(a.amax(dim=(0, 2)))
+        out.append((torch.stack(amax) / top).clamp(min=torch.finfo(torch.float32).tiny).float())
+    return out
+
+
 @torch.no_grad()
 def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_size=64, backend="auto",
-            num_splits=None):
+            num_splits=None, kv_cache_dtype="auto"):
     """Run the prompt through the model's own attention; returns (DecodeState, last-token logits
-    [B, vocab]). The state's PagedKVCache has room for max_new_tokens more tokens per request."""
+    [B, vocab]). The state's PagedKVCache has room for max_new_tokens more tokens per request.
+    kv_cache_dtype: "auto" (the model's dtype), "fp8" / "fp8_e4m3" or "fp8_e5m2" (or the torch
+    dtype): an fp8 cache, half the KV bytes of bf16, with per layer and KV head scales taken from
+    the prompt (FP8_HEADROOM)."""
     if not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
+    model_dtype = next(model.parameters()).dtype
+    cache_dtype = _kv_cache_dtype(kv_cache_dtype, model_dtype)
     transformers = _transformers()
     Hkv, D, num_layers = _model_dims(model)
     n = _prompt_lengths(input_ids, attention_mask)
@@ -213,10 +255,14 @@ def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_siz
                 **kw)
     logits = out.logits[:, -1]
 
-    dtype = next(model.parameters()).dtype
+    dtype = model_dtype
     pages = sum(-(-(L + max_new_tokens) // page_size) for L in lengths) + B
-    cache = PagedKVCache(pages, page_size, Hkv, D, num_layers=num_layers, dtype=dtype,
-                         device=input_ids.device)
+    scales = {}
+    if cache_dtype in FP8_DTYPES:
+        k_scale, v_scale = _fp8_scales(dyn, num_layers, lengths, cache_dtype)
+        scales = dict(k_scale=k_scale, v_scale=v_scale)
+    cache = PagedKVCache(pages, page_size, Hkv, D, num_layers=num_layers, dtype=cache_dtype,
+                         device=input_ids.device, **scales)
     ids = [cache.add_sequence() for _ in range(B)]
     for layer in range(num_layers):
         k, v = _layer_kv(dyn, layer)  # [B, Hkv, S, D], left-padded
@@ -267,18 +313,20 @@ def _eos_pad(model, eos_token_id, pad_token_id):
 
 @torch.no_grad()
 def generate(model, input_ids, max_new_tokens, *, attention_mask=None, eos_token_id=_DEFAULT,
-             pad_token_id=_DEFAULT, page_size=64, backend="auto", num_splits=None, output_logits=False):
+             pad_token_id=_DEFAULT, page_size=64, backend="auto", num_splits=None, output_logits=False,
+             kv_cache_dtype="auto"):
     """Greedy generation whose every decode step runs through splitkv; returns token ids
     [B, S + new] like `model.generate(input_ids, attention_mask=..., max_new_tokens=...,
     do_sample=False)` (prompt included; finished rows padded with pad_token_id; stops early when
     every row has produced an EOS). eos_token_id / pad_token_id default to model.generation_config's;
     an explicit None means none, as in generate. output_logits=True also returns the logits
-    [B, new, vocab]."""
+    [B, new, vocab]. kv_cache_dtype: see prefill ("fp8_e4m3": an fp8 paged cache)."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     eos, pad = _eos_pad(model, eos_token_id, pad_token_id)
     state, logits = prefill(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
-                            page_size=page_size, backend=backend, num_splits=num_splits)
+                            page_size=page_size, backend=backend, num_splits=num_splits,
+                            kv_cache_dtype=kv_cache_dtype)
     eos_t = torch.tensor(eos, device=input_ids.device) if eos else None
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     new, seen = [], []

@@ -110,12 +110,12 @@ def split_variants():
 
 
 def _split_constexprs(D, rows, paged, causal, splitting, var):
-    tile = H.tile_config(D, rows, splitting)
+    tile = H.tile_config(D, rows, splitting, kv_fp8=var["KV_FP8"])
     G, SQ = (rows, 1) if rows <= 16 else (16, rows // 16)
     return dict(NUM_KV_HEADS=8, M_TILES=H.query_tiles(rows, tile.block_m), G=G, SQ=SQ, HEAD_DIM=D,
                 BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
                 CAUSAL=causal, UPCAST=False, FUSED_MERGE=splitting, BLOCK_D=1 << (D - 1).bit_length(),
-                **var), tile
+                **var, HAS_WORK=splitting), tile
 
 
 def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> list[dict]:
@@ -126,7 +126,7 @@ def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> li
     rows = []
     for cx, tile in split_variants():
         sig = {n: "i32" for n in split_kernel.arg_names if n not in cx}
-        sig.update(Q=ptr, K=ptr, V=ptr, SEQLENS="*i32", NSPLITS="*i32", CHUNKS="*i32", BT="*i32",
+        sig.update(Q=ptr, K=ptr, V=ptr, SEQLENS="*i32", NSPLITS="*i32", CHUNKS="*i32", WORK="*i32", BT="*i32",
                    O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, COUNTERS="*i32", SINKS_PTR=f32, ALIBI_PTR=f32,
                    KS_PTR=f32, VS_PTR=f32, qk_mul="fp32", cap_mul="fp32", v_mul="fp32")
         if cx["KV_FP8"]:

@@ -24,19 +24,23 @@ def _merge_block_s(max_splits: int) -> int:
     return min(16, 1 << max(0, (max_splits - 1).bit_length()))
 
 
-def schedule(cache_seqlens, sched, rule, bound: Bound | None = None) -> None:
-    """sched [2, >= B] <- (num_splits, chunk_lens) of heuristics.schedule, computed on the device."""
+def schedule(cache_seqlens, sched, rule, bound: Bound | None = None, work=None) -> None:
+    """sched [2, >= B] <- (num_splits, chunk_lens) of heuristics.schedule, computed on the device;
+    and work [2, items] <- heuristics.work_list of them, where given."""
     B = cache_seqlens.shape[0]
     if B == 0:
         return
 
     def build():
-        return (_schedule, (B, cache_seqlens.stride(0), sched.stride(0), rule.max_splits, rule.splits,
+        block_b = max(16, 1 << (B - 1).bit_length())
+        return (_schedule, (B, cache_seqlens.stride(0), sched.stride(0), work.stride(0) if work is not None else 0,
+                            work.shape[1] if work is not None else 0, rule.max_splits, rule.splits,
                             rule.chunk_tiles, rule.target, rule.ragged_target, rule.min_tiles, rule.span_cap),
-                dict(MODE=_MODES[rule.mode], BLOCK_N=rule.block_n, BLOCK_B=max(16, 1 << (B - 1).bit_length()),
-                     SHORT_KEYS=rule.short_keys, CAP=rule.cap, BALANCE=rule.balance), 4, 1)
+                dict(MODE=_MODES[rule.mode], BLOCK_N=rule.block_n, BLOCK_B=block_b,
+                     SHORT_KEYS=rule.short_keys, CAP=rule.cap, BALANCE=rule.balance, HAS_WORK=work is not None,
+                     BLOCK_W=max(16, 4096 // block_b)), 4, 1)
 
-    tensors = (cache_seqlens, sched)
+    tensors = (cache_seqlens, sched, work if work is not None else sched)
     if bound is None:
         fl, scalars, cx, w, st = build()
         fl((1,), tensors, scalars, cx, w, st)
@@ -85,16 +89,18 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     lp = lse_part if parts else lse
     counters = plan.counters if plan.fuse else cache_seqlens  # never touched unless fused
     nsplits, chunks = plan.num_splits, plan.chunk_lens
+    work = plan.work if plan.work is not None else nsplits  # never read without a work list
     sinks, slopes = variant.sinks, variant.alibi_slopes
     per_head = variant.fp8 == "head"
-    tensors = (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, bt, op, lp, out, lse, counters,
+    tensors = (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, work, bt, op, lp, out, lse, counters,
                sinks if sinks is not None else cache_seqlens, slopes if slopes is not None else cache_seqlens,
                variant.k_scale if per_head else cache_seqlens, variant.v_scale if per_head else cache_seqlens)
     key = _split_key(q, k_cache, v_cache, block_table, out, scale, causal, variant)
     aligned = ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | bt.data_ptr()
-                | out.data_ptr() | lse.data_ptr() | tensors[12].data_ptr() | tensors[13].data_ptr()
-                | tensors[14].data_ptr() | tensors[15].data_ptr()) & 15) == 0
-    grid = (plan.max_splits, B * plan.num_kv_heads * plan.m_tiles)
+                | out.data_ptr() | lse.data_ptr() | tensors[13].data_ptr() | tensors[14].data_ptr()
+                | tensors[15].data_ptr() | tensors[16].data_ptr()) & 15) == 0
+    groups = plan.num_kv_heads * plan.m_tiles
+    grid = (groups, plan.work_items) if plan.work is not None else (plan.max_splits, B * groups)
 
     def build():
         tile = plan.tile
@@ -107,7 +113,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         if variant.fp8 == "tensor":  # per-tensor fp8 scales: folded here (per-head ones in the kernel)
             qk_mul, v_mul = qk_mul * variant.k_scale, variant.v_scale
         win_left, win_right = variant.window_bounds()
-        scalars = (qk_mul, cap_mul, v_mul, win_left, win_right, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
+        scalars = (qk_mul, cap_mul, v_mul, win_left, win_right, work.stride(0), qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
                    vs[0], vs[1], vs[2], bt.stride(0) if paged else 0, *p_strides, *l_strides, out.stride(0), out.stride(1),
                    out.stride(2), lse.stride(0), lse.stride(1))
         cx = dict(NUM_KV_HEADS=plan.num_kv_heads, M_TILES=plan.m_tiles, G=plan.qhead_per_kvhead, SQ=Sq,
@@ -115,7 +121,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                   PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged, CAUSAL=bool(causal and Sq > 1),
                   UPCAST=_INTERPRET, FUSED_MERGE=plan.fuse, BLOCK_D=_block_d(D), SOFTCAP=cap > 0,
                   ALIBI=slopes is not None, WINDOW=variant.windowed, SINKS=sinks is not None,
-                  KV_FP8=variant.fp8 is not None, SCALE_PER_HEAD=per_head)
+                  KV_FP8=variant.fp8 is not None, SCALE_PER_HEAD=per_head, HAS_WORK=plan.work is not None)
         return _split, scalars, cx, tile.num_warps, tile.num_stages
 
     plan.launches.launch(("split", key), grid, tensors, aligned, build)
@@ -128,7 +134,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                     _merge_constexprs(H, T, D, S, True, sinks is not None), 4 if D >= 128 else 2, 1)
 
         plan.launches.launch(("merge", out.stride(), lse.stride(), sinks is not None), (B * H * T,),
-                             (o_part, lse_part, nsplits, out, lse, tensors[12]), aligned, build_merge)
+                             (o_part, lse_part, nsplits, out, lse, tensors[13]), aligned, build_merge)
 
 
 def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
@@ -145,9 +151,10 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
     if split is None:
         return None
     ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
+    wk = plan.work.data_ptr() if plan.work is not None else ns
     if plan.o_part is None:
         def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, lens, lens, lens, lens, lens)
+            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, o, lse_p, o, lse_p, lens, lens, lens, lens, lens)
 
         return launch
     op, lp = plan.o_part.data_ptr(), plan.lse_part.data_ptr()
@@ -155,7 +162,7 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
         cnt = plan.counters.data_ptr()
 
         def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt, lens, lens, lens, lens)
+            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, op, lp, o, lse_p, cnt, lens, lens, lens, lens)
 
         return launch
     comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride(), False))
@@ -164,7 +171,7 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
         return None
 
     def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, lens, lens, lens, lens, lens)
+        split(stream, qp, kp, vp, lens, ns, ch, wk, bt, op, lp, o, lse_p, lens, lens, lens, lens, lens)
         comb(stream, op, lp, ns, o, lse_p, ns)
 
     return launch

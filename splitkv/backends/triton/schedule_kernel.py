@@ -9,6 +9,9 @@ host, is what keeps decode free of a device->host sync and capturable in a CUDA 
 Layouts: LENS any int32 [B] with stride s_len (a strided view is read as is); SCHED int32
 [2, s_row]: row 0 num_splits, row 1 chunk_lens (s_row = B rounded up to 4: 16-byte aligned rows).
 MODE 0 auto (balanced from the total work), 1 forced (SPLITS splits), 2 fixed chunk (batch-invariant).
+WORK (auto plans whose grid is a work list, heuristics.work_items): also WORK int32 [2, s_work],
+the (request, split) of each of the batch's splits in request order and -1 past the last
+(heuristics.work_list), for the first `items` columns.
 """
 
 import triton
@@ -32,9 +35,10 @@ def _search(t, ok, lo, hi, target):
 
 
 @triton.jit
-def schedule_kernel(LENS, SCHED, B, s_len, s_row, max_splits, splits, chunk_tiles, target, ragged_target,
-                    min_tiles, span_cap, MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                    SHORT_KEYS: tl.constexpr, CAP: tl.constexpr, BALANCE: tl.constexpr):
+def schedule_kernel(LENS, SCHED, WORK, B, s_len, s_row, s_work, items, max_splits, splits, chunk_tiles, target,
+                    ragged_target, min_tiles, span_cap, MODE: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_B: tl.constexpr, SHORT_KEYS: tl.constexpr, CAP: tl.constexpr, BALANCE: tl.constexpr,
+                    HAS_WORK: tl.constexpr, BLOCK_W: tl.constexpr):
     offs = tl.arange(0, BLOCK_B)
     ok = offs < B
     L = tl.maximum(tl.load(LENS + offs.to(tl.int64) * s_len, mask=ok, other=0), 0)
@@ -65,3 +69,17 @@ def schedule_kernel(LENS, SCHED, B, s_len, s_row, max_splits, splits, chunk_tile
         n = tl.maximum((t + chunk - 1) // chunk, 1)
     tl.store(SCHED + offs, n, mask=ok)
     tl.store(SCHED + s_row + offs, chunk * BLOCK_N, mask=ok)
+    if HAS_WORK:
+        n = tl.where(ok, n, 0)
+        ends = tl.cumsum(n, 0)  # request b's items are [ends[b] - n[b], ends[b])
+        starts = ends - n
+        total = tl.sum(n, 0)
+        i0 = 0
+        while i0 < items:  # a while loop: the interpreter's `range` rejects a runtime bound
+            i = i0 + tl.arange(0, BLOCK_W)
+            req = tl.sum((ends[None, :] <= i[:, None]).to(tl.int32), 1)  # requests wholly before item i
+            split = i - tl.sum(tl.where(offs[None, :] == req[:, None], starts[None, :], 0), 1)
+            live = i < total
+            tl.store(WORK + i, tl.where(live, req, -1), mask=i < items)
+            tl.store(WORK + s_work + i, tl.where(live, split, -1), mask=i < items)
+            i0 += BLOCK_W

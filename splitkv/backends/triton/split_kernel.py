@@ -1,4 +1,9 @@
 """Triton split kernel: one program = (split s, request b, KV head, query tile).
+Grid: (max_splits, B x KV heads x m-tiles), or with HAS_WORK (KV heads x m-tiles, work items) where
+column i of the plan's work list WORK [2, s_work] gives (b, s) (-1: no work; heuristics.work_list).
+Blocks start in grid order (x fastest): with the work list, every KV head of one (request, split)
+starts together — their loads share DRAM pages (a [.., Hkv, D] row holds all heads) — and the
+empty items come last.
 
 Algorithm: online softmax (base 2) over the keys of split s of request b,
     keys [f + s * chunk_lens[b], min(f + (s+1) * chunk_lens[b], L_b))  (the last split runs on to L_b),
@@ -6,7 +11,10 @@ where f = 0, or with a sliding window the first key any query sees, max(0, L_b -
 Variants (splitkv.variants has the math; constexpr flags, so a plain decode compiles none of it):
 SOFTCAP (tanh), ALIBI (slope x distance), WINDOW (masks + the start f), SINKS (joined to the
 softmax once per row: in the unsplit store or the merge, never in a partial).
-KV_FP8: float8 K/V converted to q's dtype in registers; k_scale folded into qk_mul, v_scale (v_mul)
+KV_FP8: float8 K/V converted to fp16 in registers and both dots done in fp16, q converted once
+(clamped to fp16's range; a bf16 q loses no bits above 2^-14). e4m3 -> fp16 is one cvt per two
+values on sm_90, e4m3 -> bf16 three (via fp16): H200, B=16 GQA 32K contiguous, block_n 128:
+380-435 us in fp16 vs 497-515 in bf16 (benchmarks/results/2026-12-02-h200-fp8/fp8_tiles.json). k_scale is folded into qk_mul, v_scale (v_mul)
 into the normalised output; SCALE_PER_HEAD: both loaded per KV head (one per program).
 Head dims: any D, padded to BLOCK_D (a power of 2) in registers; columns past D are masked.
 with all qhead_per_kvhead query heads of the KV head x Sq tokens packed as the M rows of one
@@ -67,7 +75,7 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
     kv_ok = n_ok[:, None] & d_ok[None, :]  # columns past the head dim (padded to a power of 2): 0
     k = tl.load(k_head + k_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
     v = tl.load(v_head + v_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
-    if UPCAST or KV_FP8:  # fp8 K/V: converted in registers to q's dtype (fp32 in the interpreter)
+    if UPCAST or KV_FP8:  # fp8 K/V: converted in registers to q's dtype (fp16; fp32 in the interpreter)
         k = k.to(q.dtype)
         v = v.to(q.dtype)
     s = tl.dot(q, tl.trans(k)) * qk_mul
@@ -131,8 +139,8 @@ def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows,
 
 @triton.jit
 def split_kernel(
-    Q, K, V, SEQLENS, NSPLITS, CHUNKS, BT, O_PART, LSE_PART, O, LSE, COUNTERS, SINKS_PTR, ALIBI_PTR,
-    KS_PTR, VS_PTR, qk_mul, cap_mul, v_mul, win_left, win_right,
+    Q, K, V, SEQLENS, NSPLITS, CHUNKS, WORK, BT, O_PART, LSE_PART, O, LSE, COUNTERS, SINKS_PTR, ALIBI_PTR,
+    KS_PTR, VS_PTR, qk_mul, cap_mul, v_mul, win_left, win_right, s_work,
     s_qb, s_qt, s_qh,
     s_kb, s_kn, s_kh,
     s_vb, s_vn, s_vh,
@@ -146,12 +154,21 @@ def split_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
     FUSED_MERGE: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     WINDOW: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr, SCALE_PER_HEAD: tl.constexpr,
+    HAS_WORK: tl.constexpr,
 ):
-    split = tl.program_id(0)
-    pid = tl.program_id(1)
+    if HAS_WORK:  # grid (KV heads x m-tiles, work items): the item names the request and split
+        group = tl.program_id(0)
+        b = tl.load(WORK + tl.program_id(1))
+        split = tl.load(WORK + s_work + tl.program_id(1))
+        if b < 0:
+            return
+        pid = b * (M_TILES * NUM_KV_HEADS) + group
+    else:  # grid (max_splits, B x KV heads x m-tiles)
+        split = tl.program_id(0)
+        pid = tl.program_id(1)
+        b = pid // (M_TILES * NUM_KV_HEADS)
     mt = pid % M_TILES
     kvh = (pid // M_TILES) % NUM_KV_HEADS
-    b = pid // (M_TILES * NUM_KV_HEADS)
     # the three per-request scalars are loaded together: one memory latency, not three in a row
     n_splits = tl.load(NSPLITS + b)
     seqlen = tl.load(SEQLENS + b)
@@ -180,6 +197,8 @@ def split_kernel(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:  # the interpreter's bf16 dot is wrong (triton#11584): do it in fp32 there
         q = q.to(tl.float32)
+    elif KV_FP8:  # fp8 K/V: both dots in fp16 (see the module docstring)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     qpos = seqlen - SQ + tok  # bottom-right causal: absolute position of each row's token
     slope = tl.zeros([BLOCK_M], tl.float32)
     if ALIBI:
