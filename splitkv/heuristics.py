@@ -111,9 +111,9 @@ def tile_config(head_dim: int, rows: int, splitting: bool = True, kv_fp8: bool =
     K/V stages fit (not yet tuned on the GPU).
     fp8 K/V (kv_fp8, D <= 128): block_n 128, 4 warps, 3 stages, split or not — half the bytes per
     key, so a tile of twice the keys keeps as many bytes in flight. H200, eager with a plan, e4m3,
-    fp16 dots (benchmarks/results/2026-12-02-h200-fp8/fp8_tiles.json): B=1 GQA 32/8 128K 96.6 us vs 102.8 at block_n 64 (paged 16: 107.5 vs
-    135.3); B=1 MHA 32K 94.3 vs 105.6 (paged 111.6 vs 136.3); B=16 GQA 32K 435 vs 618 (paged 512
-    vs 648; 8 warps: 380 contiguous but 595 paged).
+    fp16 dots (benchmarks/results/2026-12-02-h200-fp8/fp8_tiles.json): B=1 GQA 32/8 128K 96.6 us
+    vs 102.8 at block_n 64 (paged 16: 107.5 vs 135.3); B=1 MHA 32K 94.3 vs 105.6 (paged 111.6 vs
+    136.3); B=16 GQA 32K 435 vs 618 (paged 512 vs 648; 8 warps: 380 contiguous but 595 paged).
     """
     block_m = min(max(_next_pow2(rows), MIN_BLOCK_M), MAX_BLOCK_M)
     if _next_pow2(head_dim) >= 256:  # Triton pads D to a power of 2 (D 136..256 -> 256)

@@ -213,7 +213,7 @@ def quick_suite() -> list[Shape]:
     out.append(make_shape(3, (17, 401, 130), 4, 1, 64, tags=("ragged",)))
     out.append(make_shape(3, linear_lengths(3, 17, 401), 4, 1, 64, page_size=16, tags=("ragged", "paged"),
                           spacing="lin"))
-    out.append(make_shape(2, 300, 4, 2, 64, page_size=16, kv_dtype="fp8_e4m3", tags=("fp8",)))
+    out.append(make_shape(2, 333, 4, 2, 64, page_size=16, kv_dtype="fp8_e4m3", tags=("fp8",)))
     return out
 
 

@@ -14,8 +14,9 @@ softmax once per row: in the unsplit store or the merge, never in a partial).
 KV_FP8: float8 K/V converted to fp16 in registers and both dots done in fp16, q converted once
 (clamped to fp16's range; a bf16 q loses no bits above 2^-14). e4m3 -> fp16 is one cvt per two
 values on sm_90, e4m3 -> bf16 three (via fp16): H200, B=16 GQA 32K contiguous, block_n 128:
-380-435 us in fp16 vs 497-515 in bf16 (benchmarks/results/2026-12-02-h200-fp8/fp8_tiles.json). k_scale is folded into qk_mul, v_scale (v_mul)
-into the normalised output; SCALE_PER_HEAD: both loaded per KV head (one per program).
+380-435 us in fp16 vs 497-515 in bf16 (benchmarks/results/2026-12-02-h200-fp8/fp8_tiles.json).
+k_scale is folded into qk_mul, v_scale (v_mul) into the normalised output; SCALE_PER_HEAD: both
+loaded per KV head (one per program).
 Head dims: any D, padded to BLOCK_D (a power of 2) in registers; columns past D are masked.
 with all qhead_per_kvhead query heads of the KV head x Sq tokens packed as the M rows of one
 tile (row r -> token r // G, head kvh * G + r % G), so each K/V byte is read once per KV head.
