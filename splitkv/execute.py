@@ -79,13 +79,19 @@ def clear_plans() -> None:
         validate.forget()  # the signatures' memos hold plans and their bound launches too
 
 
-def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, memo, out):
-    """The lean path (module docstring): o, or (o, lse); None when the full path must run."""
+def _memo_key(stream, batch_invariant, plan, vkey):
+    base = (stream, batch_invariant) if plan is None else plan
+    return base if vkey is None else (base, vkey)
+
+
+def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, memo, out, vkey):
+    """The lean path (module docstring): o, or (o, lse); None when the full path must run.
+    vkey: the call's Variant.lean_key() (None: plain)."""
     dev = q.get_device()
     if dev < 0:
         return None
     stream = _stream_of(dev)
-    hit = memo.get((stream, batch_invariant) if plan is None else plan)
+    hit = memo.get(_memo_key(stream, batch_invariant, plan, vkey))
     if hit is None or torch._C._cuda_getDevice() != dev:
         return None
     p, launch, plain = hit
@@ -112,7 +118,7 @@ def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, bat
 
 
 def _remember(memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_plan, out, lse, scale, causal,
-              batch_invariant) -> None:
+              batch_invariant, variant) -> None:
     """After a full call: bind its launch for the lean path, where the call qualifies."""
     bind = getattr(plan.module, "bind", None)
     if bind is None or q.device.type != "cuda" or not cache_seqlens.is_contiguous():
@@ -122,26 +128,32 @@ def _remember(memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_p
     ptrs = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | out.data_ptr()
     if (ptrs | lse.data_ptr() | (block_table.data_ptr() if block_table is not None else 0)) & 15:
         return
-    launch = bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
+    if variant is PLAIN:
+        launch = bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
+    else:
+        launch = bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=variant)
     if launch is not None:
         plain = q.is_contiguous() and q.stride() == out.stride()
-        memo[(_stream_of(q.get_device()), batch_invariant) if own_plan else plan] = (plan, launch, plain)
+        vkey = None if variant is PLAIN else variant.lean_key()
+        memo[_memo_key(_stream_of(q.get_device()), batch_invariant, None if own_plan else plan, vkey)] = (
+            plan, launch, plain)
 
 
 def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, softmax_scale=None,
                  num_splits=None, return_lse=False, out=None, plan=None, backend="auto", batch_invariant=False,
                  variant=PLAIN):
     """splitkv.decode without the torch.compile dispatch (what the custom op runs). variant: a
-    checked splitkv.variants.Variant (its calls take the full path)."""
+    checked splitkv.variants.Variant (a repeated variant call takes the lean path too, its bound
+    launch keyed by the variant's values and tensor pointers: Variant.lean_key)."""
     key, prob = validate.check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
                                      backend, causal)
     if prob is not None and prob.kv_fp8 and variant.k_scale is None:
         raise ValueError(f"k_scale: required with a {k_cache.dtype} cache (with v_scale: floats, or float32 [Hkv])")
-    lean = (prob is not None and not DEBUG and not debug.active() and variant is PLAIN
+    lean = (prob is not None and not DEBUG and not debug.active()
             and (plan is None or (type(plan) is DecodePlan and not batch_invariant)))
     if lean:
         res = _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, prob.memo,
-                    out)
+                    out, None if variant is PLAIN else variant.lean_key())
         if res is not None:
             return res
     if out is not None:
@@ -187,5 +199,5 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
     elif lean and key is not None and out is None:  # bound for the contiguous o it allocated
         _remember(prob.memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_plan, o, lse, scale, causal,
-                  batch_invariant)
+                  batch_invariant, variant)
     return (o, lse) if return_lse else o

@@ -75,6 +75,17 @@ class Variant:
             return (*self.key(), self.k_scale, self.v_scale)
         return self.key()
 
+    def tensors(self) -> tuple:
+        """(sinks, alibi_slopes, k_scale, v_scale) as kernels take them: a tensor or None (per-tensor
+        scales are folded into the launch's scalars)."""
+        per_head = self.fp8 == "head"
+        return (self.sinks, self.alibi_slopes, self.k_scale if per_head else None, self.v_scale if per_head else None)
+
+    def lean_key(self) -> tuple:
+        """What a launch bound for this variant depends on: kernel_key() and the data pointers of its
+        tensors (a bound launch passes those pointers; their values are read at run time)."""
+        return (*self.kernel_key(), *(t.data_ptr() if t is not None else 0 for t in self.tensors()))
+
     def window_bounds(self) -> tuple[int, int]:
         """(left, right) keys of reach, an unbounded side as a large number (what kernels take)."""
         return (self.window_left if self.window_left >= 0 else UNBOUNDED,

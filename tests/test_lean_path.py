@@ -9,6 +9,7 @@ from helpers import assert_close_to_reference, make_inputs, to_paged
 
 import splitkv
 from splitkv import backends
+from splitkv.reference import decode_reference
 
 BF16 = torch.bfloat16
 HAS_CUDA = torch.cuda.is_available()
@@ -274,6 +275,57 @@ def test_lean_path_is_taken_and_exact(backend, paged, with_plan, monkeypatch):
         o, lse = splitkv.decode(qq, k, v, sl, block_table=bt, backend=backend, plan=p, return_lse=True)
         assert full_calls
         assert_close_to_reference(o, lse, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("with_plan", [False, True])
+@pytest.mark.parametrize("kind", ["sinks+softcap+window", "alibi", "fp8-tensor", "fp8-head"])
+def test_lean_path_takes_variants_keyed_by_their_values_and_tensors(kind, paged, with_plan, monkeypatch):
+    """A repeated variant call launches through its bound launch (no full-path run) and equals the
+    full path bitwise; another sinks tensor, softcap or per-tensor scale is another launch (the
+    result follows the new values, never a stale binding); results match the reference."""
+    import splitkv.backends.triton as tri
+
+    lens = [3000, 700, 1]
+    q, k, v, sl = make_inputs(3, 1, 32, 8, 128, lens, BF16, "cuda", nan_tail=False, pad=400)
+    g = torch.Generator().manual_seed(3)
+    kw, kw2 = {}, {}
+    if kind == "sinks+softcap+window":
+        kw = dict(sinks=torch.randn(32, generator=g).cuda(), softcap=20.0, window_size=(1000, -1))
+        kw2 = dict(kw, sinks=torch.randn(32, generator=g).cuda(), softcap=10.0)
+    elif kind == "alibi":
+        kw = dict(alibi_slopes=(torch.rand(32, generator=g) * 0.01).cuda())
+        kw2 = dict(alibi_slopes=(torch.rand(32, generator=g) * 0.02).cuda())
+    else:
+        k, v = k.clamp(-400, 400).to(torch.float8_e4m3fn), v.clamp(-400, 400).to(torch.float8_e4m3fn)
+        if kind == "fp8-tensor":
+            kw, kw2 = dict(k_scale=0.5, v_scale=2.0), dict(k_scale=0.25, v_scale=3.0)
+        else:
+            kw = dict(k_scale=torch.rand(8, generator=g).cuda() + 0.5, v_scale=torch.rand(8, generator=g).cuda() + 0.5)
+            kw2 = dict(k_scale=kw["k_scale"] * 2, v_scale=kw["v_scale"] * 0.5)
+    kd, vd, bt = k, v, None
+    if paged:
+        k, v, bt = to_paged(k, v, [3300] * 3, 16)
+
+    def plan_for(kws):
+        return splitkv.plan(sl, 32, 8, 128, backend="triton", paged=paged, max_seqlen=3300, kv_dtype=k.dtype,
+                            **kws) if with_plan else None
+
+    p, p2 = plan_for(kw), plan_for(kw2)
+    first = splitkv.decode(q, k, v, sl, block_table=bt, backend="triton", plan=p, **kw)  # full: compiles, binds
+    other = splitkv.decode(q, k, v, sl, block_table=bt, backend="triton", plan=p2, **kw2)
+    full_calls = []
+    run = tri.run
+    monkeypatch.setattr(tri, "run", lambda *a: full_calls.append(1) or run(*a))
+    for _ in range(2):  # lean, alternating: each call gets its own variant's launch
+        assert torch.equal(splitkv.decode(q, k, v, sl, block_table=bt, backend="triton", plan=p, **kw), first)
+        assert torch.equal(splitkv.decode(q, k, v, sl, block_table=bt, backend="triton", plan=p2, **kw2), other)
+    assert not full_calls, "a repeated variant call took the full path"
+    assert not torch.equal(first, other)
+    for kws, o in ((kw, first), (kw2, other)):
+        ro, _ = decode_reference(q, kd, vd, sl, **kws)
+        assert (o.double() - ro).abs().max().item() < 2e-2
 
 
 @pytest.mark.gpu

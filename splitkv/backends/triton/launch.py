@@ -137,7 +137,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                              (o_part, lse_part, nsplits, out, lse, tensors[13]), aligned, build_merge)
 
 
-def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
+def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=PLAIN):
     """launch(stream, q, k, v, lens, table, out, lse data pointers; table = lens when not paged)
     for calls laid out as this one, which run() has launched (and so compiled) already: the split
     launch, and the merge where the merge is not fused, with every other argument bound. The
@@ -146,15 +146,17 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
     if _INTERPRET or q.shape[0] == 0:
         return None
     split_hit = plan.launches.entries.get(("split", _split_key(q, k_cache, v_cache, block_table, out, scale,
-                                                               causal)))
+                                                               causal, variant)))
     split = split_hit[2] if split_hit is not None else None  # the plan's Bound made it with the grid run() used
     if split is None:
         return None
     ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
     wk = plan.work.data_ptr() if plan.work is not None else ns
+    # the variant's tensors (sinks, alibi, per-head fp8 scales) by pointer, never-read slots by ns
+    vt = tuple(t.data_ptr() if t is not None else ns for t in variant.tensors())
     if plan.o_part is None:
         def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, o, lse_p, o, lse_p, lens, lens, lens, lens, lens)
+            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, o, lse_p, o, lse_p, lens, *vt)
 
         return launch
     op, lp = plan.o_part.data_ptr(), plan.lse_part.data_ptr()
@@ -162,16 +164,18 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
         cnt = plan.counters.data_ptr()
 
         def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, op, lp, o, lse_p, cnt, lens, lens, lens, lens)
+            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, op, lp, o, lse_p, cnt, *vt)
 
         return launch
-    comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride(), False))
+    sinks = variant.sinks is not None
+    comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride(), sinks))
     comb = comb_hit[2] if comb_hit is not None else None
     if comb is None:
         return None
+    sp = vt[0] if sinks else ns
 
     def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-        split(stream, qp, kp, vp, lens, ns, ch, wk, bt, op, lp, o, lse_p, lens, lens, lens, lens, lens)
-        comb(stream, op, lp, ns, o, lse_p, ns)
+        split(stream, qp, kp, vp, lens, ns, ch, wk, bt, op, lp, o, lse_p, lens, *vt)
+        comb(stream, op, lp, ns, o, lse_p, sp)
 
     return launch
