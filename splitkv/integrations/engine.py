@@ -1,0 +1,191 @@
+"""Continuous batching for Hugging Face Llama-family models: requests join and leave at any step.
+
+    engine = Engine(model, num_pages=4096, page_size=64)
+    a = engine.add_request(prompt_ids, max_new_tokens=128)
+    b = engine.add_request(other_ids, max_new_tokens=32)
+    for rid, token, done in engine.stream():   # or: outputs = engine.run()
+        ...
+
+Why an engine of our own and not transformers' continuous batching: `generate_batch` /
+ContinuousBatchingManager call their attention implementations with their own paged-cache layout
+and scheduler state; splitkv's attention function needs its PagedKVCache (pages shared by every
+layer, block tables built once per step). So the engine owns one PagedKVCache and runs:
+  * prefill — each request through the model's own attention, alone (no padding), in chunks of
+    `prefill_chunk` tokens: one chunk per step, so a long prompt does not stall the decoding
+    requests for its whole prefill; when the prompt is done its K/V are copied into the paged cache
+    and its first token is emitted;
+  * decode — one token for every active request per step, through splitkv (integrations.hf's
+    attention function over the shared cache), greedy;
+  * finish — at an EOS token or max_new_tokens; the request's pages go back to the pool at once.
+Memory policy: a request is admitted only when the pool's free pages, less what the admitted
+requests may still claim, cover its prompt plus max_new_tokens; otherwise it waits in the queue
+(first come, first served). A running request therefore never meets a full pool. A request that
+could never fit the pool is refused by add_request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ..cache import PagedKVCache
+from . import hf
+
+
+@dataclass
+class _Request:
+    rid: int
+    prompt: torch.Tensor  # int64 [S] on the model's device
+    max_new_tokens: int
+    eos: list[int] | None
+    pages: int  # pages the whole request may hold (prompt + max_new_tokens)
+    done_prefill: int = 0  # prompt tokens prefilled
+    dyn: object = None  # the DynamicCache of an unfinished prefill
+    sid: int | None = None  # its sequence in the paged cache, once prefilled
+    position: int = 0  # the next token's position
+    last: int | None = None  # the last token emitted (the next decode input)
+    out: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Continuous-batching greedy decode of a Llama-family model (module docstring).
+
+    num_pages / page_size: the paged KV pool (every layer's K/V of one token share a slot);
+    prefill_chunk: prompt tokens prefilled per step; backend, kv_cache_dtype: as in hf.generate
+    (an fp8 pool takes per-tensor unit scales). Not thread-safe."""
+
+    def __init__(self, model, *, num_pages: int, page_size: int = 64, prefill_chunk: int = 2048,
+                 backend: str = "auto", kv_cache_dtype="auto"):
+        for name, val in (("num_pages", num_pages), ("page_size", page_size), ("prefill_chunk", prefill_chunk)):
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ValueError(f"{name}: expected a positive int, got {val!r}")
+        self.model = model
+        Hkv, D, layers = hf._model_dims(model)
+        model_dtype = next(model.parameters()).dtype
+        dtype = hf._kv_cache_dtype(kv_cache_dtype, model_dtype)
+        self.device = next(model.parameters()).device
+        self.cache = PagedKVCache(num_pages, page_size, Hkv, D, num_layers=layers, dtype=dtype, device=self.device)
+        self.prefill_chunk = prefill_chunk
+        if backend == "auto" and model_dtype == torch.float32 and self.device.type == "cuda":
+            backend = "torch"  # the GPU kernels take fp16/bf16 only
+        self._state = hf.DecodeState(self.cache, [], torch.zeros(0, dtype=torch.long, device=self.device), backend)
+        self._queue: deque[_Request] = deque()
+        self._prefilling: deque[_Request] = deque()
+        self._active: list[_Request] = []
+        self._next = 0
+        self._transformers = hf._transformers()
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, input_ids, max_new_tokens: int, *, eos_token_id=hf._DEFAULT) -> int:
+        """Queue a request (a 1-D prompt of token ids); returns its id. eos_token_id as in
+        hf.generate (default: the model's generation_config)."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
+        if ids.dim() != 1 or ids.numel() == 0:
+            raise ValueError(f"input_ids: expected a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+        pages = math.ceil((ids.numel() + max_new_tokens) / self.cache.page_size)
+        if pages > self.cache.num_pages:
+            raise ValueError(f"max_new_tokens: prompt ({ids.numel()}) + max_new_tokens ({max_new_tokens}) need "
+                             f"{pages} pages, the pool has {self.cache.num_pages}")
+        eos, _ = hf._eos_pad(self.model, eos_token_id, None)
+        req = _Request(self._next, ids, max_new_tokens, eos, pages)
+        self._next += 1
+        self._queue.append(req)
+        return req.rid
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for pool pages (not admitted yet)."""
+        return len(self._queue)
+
+    @property
+    def pending(self) -> int:
+        """Requests not finished (queued, prefilling or decoding)."""
+        return len(self._queue) + len(self._prefilling) + len(self._active)
+
+    def _claimable(self) -> int:
+        """Pages the admitted requests may still take from the pool."""
+        held = 0
+        for r in (*self._prefilling, *self._active):
+            held += r.pages - (math.ceil(self.cache.seq_len(r.sid) / self.cache.page_size) if r.sid is not None else 0)
+        return held
+
+    def _admit(self) -> None:
+        while self._queue and self._queue[0].pages <= self.cache.num_free_pages - self._claimable():
+            self._prefilling.append(self._queue.popleft())
+
+    # ------------------------------------------------------------------ one step
+    @torch.no_grad()
+    def step(self) -> list[tuple[int, int, bool]]:
+        """Admit what fits, prefill one chunk, decode one token for every active request;
+        returns (request id, token, finished) for each token emitted this step."""
+        self._admit()
+        emitted = []
+        decoding = list(self._active)  # the requests prefilled before this step
+        joined = None
+        if self._prefilling:
+            req = self._prefilling[0]
+            tok = self._prefill_chunk(req)
+            if tok is not None:  # its prompt is done: first token, and it decodes from the next step
+                self._prefilling.popleft()
+                emitted.append(self._emit(req, tok))
+                joined = req
+        if decoding:
+            self._state.seq_ids = [r.sid for r in decoding]
+            self._state.positions = torch.tensor([r.position for r in decoding], dtype=torch.long,
+                                                 device=self.device)
+            tokens = torch.tensor([r.last for r in decoding], dtype=torch.long, device=self.device)
+            logits = hf.decode_step(self.model, self._state, tokens)
+            for r, tok in zip(decoding, logits.argmax(-1).tolist(), strict=True):
+                r.position += 1
+                emitted.append(self._emit(r, tok))
+        self._active = [r for r in (*decoding, joined) if r is not None and r.sid is not None]
+        return emitted
+
+    def _emit(self, req: _Request, tok: int) -> tuple[int, int, bool]:
+        """Record req's new token; at its end, give its pages back to the pool."""
+        req.out.append(tok)
+        req.last = tok
+        done = len(req.out) >= req.max_new_tokens or (req.eos is not None and tok in req.eos)
+        if done:
+            self.cache.free(req.sid)
+            req.sid = None
+        return req.rid, tok, done
+
+    def _prefill_chunk(self, req: _Request) -> int | None:
+        """Feed the next chunk of req's prompt through the model's own attention; when the prompt is
+        done, copy its K/V into the paged cache and return the first token."""
+        model, S = self.model, req.prompt.numel()
+        if req.dyn is None:
+            req.dyn = self._transformers.DynamicCache()
+        a, b = req.done_prefill, min(S, req.done_prefill + self.prefill_chunk)
+        kw = {hf._cache_kwarg(model): req.dyn}
+        out = model(input_ids=req.prompt[None, a:b], position_ids=torch.arange(a, b, device=self.device)[None],
+                    use_cache=True, **kw)
+        req.done_prefill = b
+        if b < S:
+            return None
+        req.sid = self.cache.add_sequence()
+        for layer in range(self.cache.num_layers):
+            k, v = hf._layer_kv(req.dyn, layer)  # [1, Hkv, S, D]
+            self.cache.append([req.sid], k.transpose(1, 2), v.transpose(1, 2), layer=layer)
+        req.dyn = None
+        req.position = S
+        return int(out.logits[0, -1].argmax())
+
+    # ------------------------------------------------------------------ loops
+    def stream(self):
+        """Yield (request id, token, finished) until every request has finished."""
+        while self.pending:
+            yield from self.step()
+
+    def run(self) -> dict[int, list[int]]:
+        """Run every request to the end; returns request id -> generated token ids."""
+        outs: dict[int, list[int]] = {}
+        for rid, tok, _ in self.stream():
+            outs.setdefault(rid, []).append(tok)
+        return outs

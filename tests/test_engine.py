@@ -1,0 +1,87 @@
+"""splitkv.integrations.engine on a randomly initialised tiny Llama (CPU, fp32): requests joining
+and leaving mid-run get exactly the tokens they get alone; chunked prefill interleaves with decode;
+a full pool queues requests and every page comes back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+tf = pytest.importorskip("transformers")
+
+from test_hf import _model  # noqa: E402
+
+from splitkv.integrations import engine as E  # noqa: E402
+from splitkv.integrations import hf  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _model(tf)
+
+
+def _prompt(n, seed):
+    return torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _alone(model, ids, new):
+    return hf.generate(model, ids[None], new, eos_token_id=None)[0, ids.numel():].tolist()
+
+
+def test_requests_joining_and_leaving_get_their_solo_tokens(model):
+    prompts = [_prompt(37, 1), _prompt(300, 2), _prompt(5, 3), _prompt(130, 4)]
+    new = [10, 6, 12, 3]
+    eng = E.Engine(model, num_pages=64, page_size=16, prefill_chunk=64)
+    rids = [eng.add_request(prompts[i], new[i], eos_token_id=None) for i in (0, 1)]
+    outs: dict[int, list[int]] = {}
+    log = []
+    for step in range(200):
+        if step == 3:  # two more join while the first ones run (request 1 still prefilling)
+            rids += [eng.add_request(prompts[i], new[i], eos_token_id=None) for i in (2, 3)]
+        if not eng.pending:
+            break
+        for rid, tok, done in eng.step():
+            outs.setdefault(rid, []).append(tok)
+            log.append((step, rid, done))
+    assert not eng.pending
+    for rid, ids, n in zip(rids, prompts, new, strict=True):
+        assert outs[rid] == _alone(model, ids, n), rid
+    # request 0 decoded while request 1's 300-token prompt was prefilled in 64-token chunks
+    first_of_1 = min(s for s, r, _ in log if r == rids[1])
+    assert sum(1 for s, r, _ in log if r == rids[0] and s < first_of_1) >= 3
+    assert eng.cache.num_free_pages == eng.cache.num_pages  # every page back
+
+
+def test_a_full_pool_queues_requests_and_leaks_no_page(model):
+    eng = E.Engine(model, num_pages=6, page_size=16)  # one request of <= 96 tokens at a time
+    prompts = [_prompt(60, 5), _prompt(50, 6), _prompt(40, 7)]
+    rids = [eng.add_request(p, 20, eos_token_id=None) for p in prompts]
+    first = eng.step()  # request 0 prefilled (its first token); the others wait for pages
+    assert [(r, d) for r, _, d in first] == [(rids[0], False)] and eng.queued == 2 and eng.pending == 3
+    outs = eng.run()
+    outs[rids[0]] = [first[0][1]] + outs[rids[0]]
+    assert [outs[r] for r in rids] == [_alone(model, p, 20) for p in prompts]
+    assert eng.cache.num_free_pages == 6
+
+
+def test_eos_ends_a_request_early(model):
+    ids = _prompt(40, 8)
+    solo = _alone(model, ids, 12)
+    eos = solo[4]
+    eng = E.Engine(model, num_pages=16, page_size=16)
+    rid = eng.add_request(ids, 12, eos_token_id=eos)
+    out = eng.run()[rid]
+    assert out == solo[: solo.index(eos) + 1]
+    assert eng.cache.num_free_pages == 16
+
+
+def test_bad_requests_are_named(model):
+    eng = E.Engine(model, num_pages=4, page_size=16)
+    with pytest.raises(ValueError, match="input_ids"):
+        eng.add_request(torch.zeros(2, 3, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        eng.add_request(_prompt(5, 9), 0)
+    with pytest.raises(ValueError, match="max_new_tokens"):  # 60 + 10 tokens need 5 pages of 16
+        eng.add_request(_prompt(60, 9), 10)
+    with pytest.raises(ValueError, match="num_pages"):
+        E.Engine(model, num_pages=0)
