@@ -26,7 +26,10 @@ fi
 if has cutlass; then python benchmarks/gpu_cutlass.py --out "$OUT" ${CUTLASS_ARGS:-} 2>&1 | tee "$OUT/cutlass.log" | tail -60; fi
 if has host; then python benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log" | tail -50; fi
 if has graphtune; then python benchmarks/triton_tune.py --graph-only --out "$OUT" 2>&1 | tee "$OUT/graphtune.log" | grep GRAPH; fi
-if has variants; then python benchmarks/variants.py --out "$OUT" 2>&1 | tee "$OUT/variants.log" | tail -40; fi
+if has variants; then  # attention variants and head dims next to plain decode and FlashInfer
+  python -m splitkv bench --suite variants --providers splitkv-auto-noplan,splitkv-auto,splitkv-triton,flashinfer \
+    --json "$OUT/variants.json" --markdown "$OUT/variants.md" 2>&1 | tee "$OUT/variants.log" | tail -60
+fi
 if has hf; then python benchmarks/hf_decode.py --out "$OUT/hf_decode.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -15; fi
 # at most 8 files come back: up to 7 results (the JSON files, then bench.md) stay as they are,
 # everything else (logs, plots, env.txt) goes into one archive

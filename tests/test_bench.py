@@ -320,6 +320,34 @@ def test_fp8_rows_count_one_byte_per_kv_value_and_check_against_the_scaled_refer
     assert all(x in shapes.headline_suite() for x in fp8 if x.kv_dtype)
 
 
+def test_variant_rows_pass_their_variant_and_count_the_window(quick_run):
+    """Variant rows: decode and the reference both get the variant (a call without it fails the
+    check), peers without it are n/a, and a window's bytes are the keys it shows."""
+    _, _, doc = quick_run
+    (s,) = [s for s in shapes.quick_suite() if not s.plain]
+    assert s.name.endswith("-win200-softcap20-sinks")
+    rows = {r["provider"]: r for r in doc["rows"] if r["shape"] == s.name}
+    assert rows["splitkv-torch"]["status"] == "ok" and rows["splitkv-torch"]["rel_err"] < 1e-2
+    assert rows["sdpa-flash"]["status"] == "n/a"
+    assert s.visible == (201, 201) and s.kv_bytes(2) == 2 * 201 * 2 * 2 * 64 * 2
+    case = inputs.build_case(s, torch.bfloat16, "cpu")
+    ref = check.build_reference(case)
+    import splitkv
+
+    ts = case.base
+    kw = case.call_kwargs
+    assert set(kw) == {"window_size", "softcap", "sinks"}
+    o = splitkv.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, backend="torch", **kw)
+    err = ref.error(o)[1]
+    assert err < 1e-2
+    for drop in kw:
+        wrong = splitkv.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, backend="torch",
+                               **{k: v for k, v in kw.items() if k != drop})
+        assert ref.error(wrong)[1] > 3 * err, drop
+    names = [x.name for x in shapes.suite("variants")]
+    assert len(names) == len(set(names)) == 22 and "b1-l128k-h32x8-d128-paged16-win4095" in names
+
+
 def test_noplan_provider_mode():
     p = registry.make("splitkv-auto-noplan")
     assert isinstance(p, SplitKV) and p.backend == "auto" and p.noplan and p.name == "splitkv-auto-noplan"

@@ -72,5 +72,9 @@ def build_reference(case: Case) -> Reference:
     q = ts.q.index_select(0, torch.tensor(rows, device=dev))
     q = q.index_select(2, torch.tensor(q_heads, device=dev))
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=dev)
-    o, _ = decode_reference(q, k, v, seqlens, causal=s.causal, **case.kv_kwargs)
+    kw = dict(case.call_kwargs)
+    for name in ("sinks", "alibi_slopes"):  # per query head: the covered heads' values
+        if name in kw:
+            kw[name] = kw[name].index_select(0, torch.tensor(q_heads, device=kw[name].device))
+    o, _ = decode_reference(q, k, v, seqlens, causal=s.causal, **kw)
     return Reference(rows, q_heads, o, scope)

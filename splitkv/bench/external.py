@@ -48,13 +48,18 @@ class _FlashInferSession(Session):
                           paged_kv_indices_buffer=torch.empty_like(indices),
                           paged_kv_last_page_len_buffer=torch.empty_like(last))
             self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc, **kw)
+            var = {}  # its sliding window and logit softcap (sinks / ALiBi slopes: n/a, see unsupported)
+            if s.window_left >= 0:
+                var["window_left"] = s.window_left
+            if s.softcap:
+                var["logits_soft_cap"] = s.softcap
             self.wrapper.plan(indptr, indices, last, s.num_q_heads, s.num_kv_heads, s.head_dim, page_size,
                               pos_encoding_mode="NONE", q_data_type=case.dtype,
-                              kv_data_type=case.base.k_cache.dtype)
+                              kv_data_type=case.base.k_cache.dtype, **var)
             self.note = "decode wrapper, " + ("tensor cores" if tc else "CUDA cores")
         else:
-            if s.kv_dtype:
-                raise NotApplicable("fp8 KV: compared through the decode wrapper only (Sq = 1)")
+            if s.kv_dtype or not s.plain:
+                raise NotApplicable("fp8 KV / variants: compared through the decode wrapper only (Sq = 1)")
             qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=dev) * s.q_len
             kw = {}
             if graph:
@@ -86,8 +91,13 @@ class FlashInfer(Provider):
         return _missing("flashinfer")
 
     def unsupported(self, case: Case) -> str | None:
-        if not case.shape.paged and case.base.k_cache.shape[1] % 16:
+        s = case.shape
+        if not s.paged and case.base.k_cache.shape[1] % 16:
             return "contiguous capacity is not a multiple of the 16-key page"
+        if s.head_dim not in (64, 128, 256):
+            return f"head dim {s.head_dim}: its kernels are built for 64 / 128 / 256"
+        if s.sinks or s.alibi:
+            return "no per-head sink logits / ALiBi slopes of ours in its decode wrapper"
         return None
 
     def session(self, case: Case, graph: bool) -> Session:
@@ -121,6 +131,8 @@ class FlashAttn(Provider):
     def unsupported(self, case: Case) -> str | None:
         if case.shape.kv_dtype:
             return "no fp8 KV with bf16 q in flash_attn_with_kvcache"
+        if not case.shape.plain:
+            return "variants not passed to flash_attn_with_kvcache here"
         # FA2's paged path takes pages of a multiple of 256 keys only
         if self.version == 2 and case.shape.paged and case.shape.page_size % 256:
             return f"paged KV needs page_size % 256 == 0 (got {case.shape.page_size})"
@@ -189,8 +201,8 @@ class Flex(Provider):
         return _missing("torch.nn.attention.flex_attention")
 
     def unsupported(self, case: Case) -> str | None:
-        if case.shape.kv_dtype:
-            return "no fp8 KV input"
+        if case.shape.kv_dtype or not case.shape.plain:
+            return "no fp8 KV input / variants"
         return "no paged KV input" if case.shape.paged else None
 
     def session(self, case: Case, graph: bool) -> Session:

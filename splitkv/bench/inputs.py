@@ -11,6 +11,8 @@ outside the timed region):
   cache_seqlens int32 [B]
   fp8 rows     K/V float8_e4m3fn (standard normal values cast), read with the per-tensor scales
                FP8_SCALES (k_scale, v_scale: both != 1, so a kernel that drops one is wrong)
+  variant rows sinks ~ N(4, 2^2) (a sizeable share of each row) and ALiBi slopes ~ U(0, 0.01) per
+               query head, float32
 
 Rotation: CUDA-graph timing replays N calls back to back with no L2 flush in between, so the calls
 cycle over copies of q/K/V whose total size exceeds the L2 (50 MB on H200) several times over.
@@ -52,6 +54,7 @@ class Case:
     device: torch.device
     base: TensorSet
     _copies: list[TensorSet]
+    variant: dict | None = None  # decode's variant keywords (window_size, softcap, sinks, alibi_slopes)
 
     @property
     def elem_bytes(self) -> int:
@@ -61,6 +64,11 @@ class Case:
     def kv_kwargs(self) -> dict:
         """decode's / the reference's scale arguments for this case's cache ({} unless fp8)."""
         return dict(zip(("k_scale", "v_scale"), FP8_SCALES, strict=True)) if self.shape.kv_dtype else {}
+
+    @property
+    def call_kwargs(self) -> dict:
+        """Every keyword beyond the tensors that decode (and the reference) take for this case."""
+        return {**(self.variant or {}), **self.kv_kwargs}
 
     def rotation_count(self) -> int:
         per_set = max(self.shape.bytes(self.elem_bytes), 1)
@@ -106,7 +114,17 @@ def build_case(shape: Shape, dtype: torch.dtype, device, seed: int = 0) -> Case:
         cap = math.ceil(shape.max_seqlen / CAPACITY_ALIGN) * CAPACITY_ALIGN
         k, v = randn(B, cap, Hkv, D, out=kv_dtype), randn(B, cap, Hkv, D, out=kv_dtype)
         block_table = None
-    return Case(shape, dtype, device, TensorSet(q, k, v, seqlens, block_table), [])
+    variant = {}
+    if shape.window_left >= 0:
+        variant["window_size"] = (shape.window_left, -1)
+    if shape.softcap:
+        variant["softcap"] = shape.softcap
+    g = torch.Generator().manual_seed(seed + 2)
+    if shape.sinks:
+        variant["sinks"] = (torch.randn(Hq, generator=g) * 2 + 4).to(device)
+    if shape.alibi:
+        variant["alibi_slopes"] = (torch.rand(Hq, generator=g) * 0.01).to(device)
+    return Case(shape, dtype, device, TensorSet(q, k, v, seqlens, block_table), [], variant)
 
 
 def page_view(ts: TensorSet, shape: Shape, page_size: int = CAPACITY_ALIGN):

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import splitkv
 
 from .. import backends
+from ..constants import HEAD_DIMS
 from .inputs import Case, TensorSet
 
 
@@ -69,7 +70,7 @@ class _SplitKVSession(Session):
     def __init__(self, backend: str, case: Case, graph: bool, num_splits: int | None):
         s, ts = case.shape, case.base
         bound = s.max_seqlen if graph else None
-        self.kw = case.kv_kwargs  # fp8 rows: the scales
+        self.kw = case.call_kwargs  # variant rows: the variant; fp8 rows: the scales
         self.plan = splitkv.plan(ts.cache_seqlens, s.num_q_heads, s.num_kv_heads, s.head_dim, q_len=s.q_len,
                                  num_splits=num_splits, max_seqlen=bound, backend=backend, paged=s.paged,
                                  kv_dtype=ts.k_cache.dtype, **self.kw)
@@ -93,7 +94,7 @@ class _SplitKVNoPlanSession(Session):
 
     def __init__(self, backend: str, case: Case, num_splits: int | None):
         s = case.shape
-        self.backend, self.causal, self.num_splits, self.kw = backend, s.causal, num_splits, case.kv_kwargs
+        self.backend, self.causal, self.num_splits, self.kw = backend, s.causal, num_splits, case.call_kwargs
         try:  # what decode would plan, for --explain (made here, never inside the timed calls)
             p = splitkv.plan(case.base.cache_seqlens, s.num_q_heads, s.num_kv_heads, s.head_dim, q_len=s.q_len,
                              num_splits=num_splits, backend=backend, paged=s.paged,
@@ -142,8 +143,9 @@ class SplitKV(Provider):
             backends.resolve(self.backend, case.device)
         except (ValueError, RuntimeError) as exc:
             return str(exc)
-        if case.shape.kv_dtype and self.backend == "cutlass":
-            return "fp8 KV: not in the cutlass backend (auto runs triton)"
+        s = case.shape
+        if self.backend == "cutlass" and (s.kv_dtype or not s.plain or s.head_dim not in HEAD_DIMS):
+            return f"cutlass runs head dims {HEAD_DIMS} without variants or fp8 KV (auto runs triton)"
         return None
 
     def session(self, case: Case, graph: bool) -> Session:
@@ -230,6 +232,8 @@ class SDPA(Provider):
     def unsupported(self, case: Case) -> str | None:
         if case.shape.kv_dtype:
             return "no fp8 KV with bf16 q"
+        if not case.shape.plain:
+            return "no window / softcap / sinks / ALiBi arguments"
         if case.shape.paged:
             return "no paged KV input"
         if not case.shape.uniform:

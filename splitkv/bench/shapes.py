@@ -10,13 +10,17 @@ Suites
          FlashInfer table: 8 paged page_size 16 shapes; its graph-replay table is a subset of the
          first) + the ragged batches B=16, lengths 1K-128K spread geometrically and evenly, paged 16. The suite of
          `bash benchmarks/gpu_run.sh bench` (eager no-plan / plan / graph vs the peers).
+  variants  attention variants next to plain decode on the same shape (B=1 GQA 32/8): a 4K sliding
+         window over a 128K cache (and plain 4K / 128K), softcap 30, attention sinks, ALiBi at 32K;
+         padded head dims 80 / 96 (B=16 32K) and 192 (B=1 32K); contiguous and paged 16.
   fp8    the fp8 KV issue's shapes (B=1 GQA 128K, B=16 GQA 32K, B=1 MHA 32K; contiguous and paged
          16), each with a bf16 cache and an e4m3 cache (bf16 q). Their fp8 rows are in full and
          headline too.
   quick  tiny shapes that run on a CPU in seconds (tests, smoke runs); same kinds of rows.
 
 Names are stable (rows are reproduced with `--shapes NAME`):
-  b{B}-l{L}-h{Hq}x{Hkv}-d{D}[-sq{Sq}][-paged{page_size}][-fp8e4m3], ragged: b{B}-ragged{Lmin}-{Lmax}-...
+  b{B}-l{L}-h{Hq}x{Hkv}-d{D}[-sq{Sq}][-paged{page_size}][-fp8e4m3][-win{left}][-softcap{c}][-sinks][-alibi],
+  ragged: b{B}-ragged{Lmin}-{Lmax}-...
   (geometric spread), b{B}-ragged{Lmin}-{Lmax}-lin-... (evenly spaced lengths)
 """
 
@@ -44,6 +48,16 @@ class Shape:
     page_size: int | None = None  # None: contiguous cache [B, Lmax, Hkv, D]
     tags: tuple[str, ...] = ()  # "grid" rows feed the bandwidth plot
     kv_dtype: str = ""  # "": K/V in q's dtype; "fp8_e4m3": float8_e4m3fn K/V (per-tensor scales)
+    # attention variant, as decode takes it: window_left (-1: none; the window is (left, -1)),
+    # softcap (0: none), sinks / alibi (per-head tensors made by inputs.build_case)
+    window_left: int = -1
+    softcap: float = 0.0
+    sinks: bool = False
+    alibi: bool = False
+
+    @property
+    def plain(self) -> bool:
+        return self.window_left < 0 and self.softcap == 0 and not self.sinks and not self.alibi
 
     @property
     def paged(self) -> bool:
@@ -57,14 +71,22 @@ class Shape:
     def uniform(self) -> bool:
         return len(set(self.seqlens)) == 1
 
+    @property
+    def visible(self) -> tuple[int, ...]:
+        """Keys each request's queries can see: all of them, or the last Sq + left with a window."""
+        if self.window_left < 0:
+            return self.seqlens
+        return tuple(min(L, self.q_len + self.window_left) for L in self.seqlens)
+
     def bytes(self, elem_bytes: int) -> int:
-        """byte_model at q's element size (an fp8 row's K/V count one byte each)."""
-        return byte_model(self.seqlens, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len,
+        """byte_model at q's element size (an fp8 row's K/V count one byte each; a window's rows
+        count the keys it shows)."""
+        return byte_model(self.visible, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len,
                           elem_bytes, 1 if self.kv_dtype else elem_bytes)
 
     def kv_bytes(self, elem_bytes: int) -> int:
         kv_elem = 1 if self.kv_dtype else elem_bytes
-        return 2 * sum(self.seqlens) * self.num_kv_heads * self.head_dim * kv_elem
+        return 2 * sum(self.visible) * self.num_kv_heads * self.head_dim * kv_elem
 
 
 def byte_model(seqlens, num_q_heads: int, num_kv_heads: int, head_dim: int, q_len: int,
@@ -91,7 +113,8 @@ def fmt_len(L: int) -> str:
 
 
 def make_shape(B: int, L, Hq: int, Hkv: int, D: int = 128, *, q_len: int = 1, page_size=None,
-               tags=(), spacing: str = "", kv_dtype: str = "") -> Shape:
+               tags=(), spacing: str = "", kv_dtype: str = "", window_left: int = -1, softcap: float = 0.0,
+               sinks: bool = False, alibi: bool = False) -> Shape:
     """One shape; L is an int (uniform batch) or a sequence of per-request lengths (ragged).
     spacing: a suffix of the ragged length token ("lin" for evenly spaced lengths), keeping
     names of batches with the same range distinct."""
@@ -109,7 +132,13 @@ def make_shape(B: int, L, Hq: int, Hkv: int, D: int = 128, *, q_len: int = 1, pa
         name += f"-paged{page_size}"
     if kv_dtype:
         name += "-" + kv_dtype.replace("_", "")
-    return Shape(name, B, Hq, Hkv, D, seqlens, q_len, True, page_size, tuple(tags), kv_dtype)
+    if window_left >= 0:
+        name += f"-win{window_left}"
+    if softcap:
+        name += f"-softcap{softcap:g}"
+    name += "-sinks" * sinks + "-alibi" * alibi
+    return Shape(name, B, Hq, Hkv, D, seqlens, q_len, True, page_size, tuple(tags), kv_dtype, window_left,
+                 float(softcap), sinks, alibi)
 
 
 def spread_lengths(batch: int, lo: int, hi: int) -> tuple[int, ...]:
@@ -186,6 +215,17 @@ def fp8_suite() -> list[Shape]:
     return fp8_shapes(with_bf16=True)
 
 
+def variants_suite() -> list[Shape]:
+    out = []
+    for ps in (None, 16):
+        for L, kw in ((4096, {}), (131072, dict(window_left=4095)), (131072, {}), (32768, {}),
+                      (32768, dict(softcap=30.0)), (32768, dict(sinks=True)), (32768, dict(alibi=True))):
+            out.append(make_shape(1, L, 32, 8, page_size=ps, tags=("variant",), **kw))
+        for B, D in ((16, 80), (16, 96), (16, 128), (1, 192)):
+            out.append(make_shape(B, 32768, 32, 8, D, page_size=ps, tags=("headdim",)))
+    return out
+
+
 def headline_suite() -> list[Shape]:
     out = [make_shape(B, L, Hq, Hkv, tags=("grid",)) for B, L, Hq, Hkv in PEERS_MD_SDPA]
     ragged = make_shape(16, spread_lengths(16, 1024, 131072), 32, 8, page_size=16, tags=("ragged", "paged"))
@@ -214,11 +254,12 @@ def quick_suite() -> list[Shape]:
     out.append(make_shape(3, linear_lengths(3, 17, 401), 4, 1, 64, page_size=16, tags=("ragged", "paged"),
                           spacing="lin"))
     out.append(make_shape(2, 333, 4, 2, 64, page_size=16, kv_dtype="fp8_e4m3", tags=("fp8",)))
+    out.append(make_shape(2, 700, 4, 2, 64, window_left=200, softcap=20.0, sinks=True, tags=("variant",)))
     return out
 
 
 SUITES = {"full": full_suite, "peers": peers_suite, "headline": headline_suite, "fp8": fp8_suite,
-          "quick": quick_suite}
+          "variants": variants_suite, "quick": quick_suite}
 
 # --num-splits sweep runs on these (globs): where the planner decides something (B x Hkv below the
 # SM count) and a wrong split count costs the most — small batch, GQA, long context.
