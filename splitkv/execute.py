@@ -84,12 +84,16 @@ def _memo_key(stream, batch_invariant, plan, vkey):
     return base if vkey is None else (base, vkey)
 
 
-def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, memo, out, vkey):
-    """The lean path (module docstring): o, or (o, lse); None when the full path must run.
-    vkey: the call's Variant.lean_key() (None: plain)."""
+def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, memo, out, variant):
+    """The lean path (module docstring): o, or (o, lse); None when the full path must run."""
     dev = q.get_device()
     if dev < 0:
         return None
+    vkey = vptrs = None
+    if variant is not PLAIN:  # bound per kernel_key; its tensors' pointers are passed per call
+        vkey, vptrs = variant.kernel_key(), variant.pointers()
+        if vptrs is None:
+            return None
     stream = _stream_of(dev)
     hit = memo.get(_memo_key(stream, batch_invariant, plan, vkey))
     if hit is None or torch._C._cuda_getDevice() != dev:
@@ -113,7 +117,10 @@ def _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, bat
     with p.lock:
         if plan is None:
             p.schedule_if_new(cache_seqlens)
-        launch(stream, qp, kp, vp, lp, bp, op, lse.data_ptr())  # lse: a torch allocation, 512-byte aligned
+        if vptrs is None:
+            launch(stream, qp, kp, vp, lp, bp, op, lse.data_ptr())  # lse: a torch allocation, 512-byte aligned
+        else:
+            launch(stream, qp, kp, vp, lp, bp, op, lse.data_ptr(), vptrs)
     return (o, lse) if return_lse else o
 
 
@@ -134,7 +141,7 @@ def _remember(memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_p
         launch = bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=variant)
     if launch is not None:
         plain = q.is_contiguous() and q.stride() == out.stride()
-        vkey = None if variant is PLAIN else variant.lean_key()
+        vkey = None if variant is PLAIN else variant.kernel_key()
         memo[_memo_key(_stream_of(q.get_device()), batch_invariant, None if own_plan else plan, vkey)] = (
             plan, launch, plain)
 
@@ -143,8 +150,8 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
                  num_splits=None, return_lse=False, out=None, plan=None, backend="auto", batch_invariant=False,
                  variant=PLAIN):
     """splitkv.decode without the torch.compile dispatch (what the custom op runs). variant: a
-    checked splitkv.variants.Variant (a repeated variant call takes the lean path too, its bound
-    launch keyed by the variant's values and tensor pointers: Variant.lean_key)."""
+    checked splitkv.variants.Variant (a repeated variant call takes the lean path too: its launch
+    is bound per Variant.kernel_key, and its tensors' pointers are passed per call)."""
     key, prob = validate.check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
                                      backend, causal)
     if prob is not None and prob.kv_fp8 and variant.k_scale is None:
@@ -153,7 +160,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
             and (plan is None or (type(plan) is DecodePlan and not batch_invariant)))
     if lean:
         res = _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, prob.memo,
-                    out, None if variant is PLAIN else variant.lean_key())
+                    out, variant)
         if res is not None:
             return res
     if out is not None:

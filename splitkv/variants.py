@@ -81,10 +81,11 @@ class Variant:
         per_head = self.fp8 == "head"
         return (self.sinks, self.alibi_slopes, self.k_scale if per_head else None, self.v_scale if per_head else None)
 
-    def lean_key(self) -> tuple:
-        """What a launch bound for this variant depends on: kernel_key() and the data pointers of its
-        tensors (a bound launch passes those pointers; their values are read at run time)."""
-        return (*self.kernel_key(), *(t.data_ptr() if t is not None else 0 for t in self.tensors()))
+    def pointers(self) -> tuple | None:
+        """tensors() as data pointers (0 for None), what a bound launch takes per call; None when one
+        is not 16-byte aligned (the kernels are specialised for aligned pointers)."""
+        ptrs = tuple(t.data_ptr() if t is not None else 0 for t in self.tensors())
+        return None if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15 else ptrs
 
     def window_bounds(self) -> tuple[int, int]:
         """(left, right) keys of reach, an unbounded side as a large number (what kernels take)."""

@@ -283,8 +283,9 @@ def test_lean_path_is_taken_and_exact(backend, paged, with_plan, monkeypatch):
 @pytest.mark.parametrize("kind", ["sinks+softcap+window", "alibi", "fp8-tensor", "fp8-head"])
 def test_lean_path_takes_variants_keyed_by_their_values_and_tensors(kind, paged, with_plan, monkeypatch):
     """A repeated variant call launches through its bound launch (no full-path run) and equals the
-    full path bitwise; another sinks tensor, softcap or per-tensor scale is another launch (the
-    result follows the new values, never a stale binding); results match the reference."""
+    full path bitwise, also with fresh copies of its tensors each call (their pointers are passed per
+    call, so the binding is per kernel key, not per tensor); another softcap or per-tensor scale is
+    another binding and the result follows the new values; results match the reference."""
     import splitkv.backends.triton as tri
 
     lens = [3000, 700, 1]
@@ -318,9 +319,13 @@ def test_lean_path_takes_variants_keyed_by_their_values_and_tensors(kind, paged,
     full_calls = []
     run = tri.run
     monkeypatch.setattr(tri, "run", lambda *a: full_calls.append(1) or run(*a))
-    for _ in range(2):  # lean, alternating: each call gets its own variant's launch
-        assert torch.equal(splitkv.decode(q, k, v, sl, block_table=bt, backend="triton", plan=p, **kw), first)
-        assert torch.equal(splitkv.decode(q, k, v, sl, block_table=bt, backend="triton", plan=p2, **kw2), other)
+    def fresh(kws):  # new tensors with the same values, at new addresses
+        return {name: (val.clone() if isinstance(val, torch.Tensor) else val) for name, val in kws.items()}
+
+    for _ in range(3):  # lean, alternating: each call gets its own variant's launch
+        assert torch.equal(splitkv.decode(q, k, v, sl, block_table=bt, backend="triton", plan=p, **fresh(kw)), first)
+        assert torch.equal(splitkv.decode(q, k, v, sl, block_table=bt, backend="triton", plan=p2, **fresh(kw2)),
+                           other)
     assert not full_calls, "a repeated variant call took the full path"
     assert not torch.equal(first, other)
     for kws, o in ((kw, first), (kw2, other)):

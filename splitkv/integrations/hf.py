@@ -71,11 +71,21 @@ class DecodeState:
     # and refreshed once per step at the first layer that uses it
     plans: dict = field(default_factory=dict, repr=False)
     refreshed: set = field(default_factory=set, repr=False)  # variants whose split table is computed this step
+    # id(s_aux) -> (the parameter, its version, its float32 copy): a layer's sinks converted once, not per step
+    sinks: dict = field(default_factory=dict, repr=False)
 
     def free(self) -> None:
         for sid in self.seq_ids:
             self.cache.free(sid)
         self.seq_ids = []
+
+
+def _sinks(state: DecodeState, s_aux: torch.Tensor) -> torch.Tensor:
+    """s_aux as decode takes sinks (float32, contiguous), converted once per parameter version."""
+    hit = state.sinks.get(id(s_aux))
+    if hit is None or hit[0] is not s_aux or hit[1] != s_aux._version:
+        hit = state.sinks[id(s_aux)] = (s_aux, s_aux._version, s_aux.detach().float().contiguous())
+    return hit[2]
 
 
 def _variant(sliding_window, softcap, s_aux) -> dict:
@@ -108,7 +118,7 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
     block_table, seqlens = cache.batch(state.seq_ids, layer=layer)
     B, Hq, Sq, D = query.shape
     bound = block_table.shape[1] * cache.page_size
-    var = _variant(sliding_window, softcap, s_aux)
+    var = _variant(sliding_window, softcap, _sinks(state, s_aux) if s_aux is not None else None)
     vkey = (var.get("window_size"), var.get("softcap"), "sinks" in var)
     if cache.dtype in FP8_DTYPES:  # the layer's scales (float32 [Hkv]); the plan needs only their form
         var.update(k_scale=cache.k_scale(layer), v_scale=cache.v_scale(layer))

@@ -152,30 +152,32 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
         return None
     ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
     wk = plan.work.data_ptr() if plan.work is not None else ns
-    # the variant's tensors (sinks, alibi, per-head fp8 scales) by pointer, never-read slots by ns
-    vt = tuple(t.data_ptr() if t is not None else ns for t in variant.tensors())
+    none = (ns, ns, ns, ns)  # the variant tensor slots of a plain call: never read
+
+    def slots(vptrs):  # a variant call's (sinks, alibi, k_scale, v_scale) pointers, 0 = none
+        return none if vptrs is None else tuple(p or ns for p in vptrs)
+
     if plan.o_part is None:
-        def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, o, lse_p, o, lse_p, lens, *vt)
+        def launch(stream, qp, kp, vp, lens, bt, o, lse_p, vptrs=None):
+            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, o, lse_p, o, lse_p, lens, *slots(vptrs))
 
         return launch
     op, lp = plan.o_part.data_ptr(), plan.lse_part.data_ptr()
     if plan.fuse:
         cnt = plan.counters.data_ptr()
 
-        def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, op, lp, o, lse_p, cnt, *vt)
+        def launch(stream, qp, kp, vp, lens, bt, o, lse_p, vptrs=None):
+            split(stream, qp, kp, vp, lens, ns, ch, wk, bt, op, lp, o, lse_p, cnt, *slots(vptrs))
 
         return launch
-    sinks = variant.sinks is not None
-    comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride(), sinks))
+    comb_hit = plan.launches.entries.get(("merge", out.stride(), lse.stride(), variant.sinks is not None))
     comb = comb_hit[2] if comb_hit is not None else None
     if comb is None:
         return None
-    sp = vt[0] if sinks else ns
 
-    def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
+    def launch(stream, qp, kp, vp, lens, bt, o, lse_p, vptrs=None):
+        vt = slots(vptrs)
         split(stream, qp, kp, vp, lens, ns, ch, wk, bt, op, lp, o, lse_p, lens, *vt)
-        comb(stream, op, lp, ns, o, lse_p, sp)
+        comb(stream, op, lp, ns, o, lse_p, vt[0])  # the sinks (ns when none: never read)
 
     return launch
