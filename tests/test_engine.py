@@ -85,3 +85,41 @@ def test_bad_requests_are_named(model):
         eng.add_request(_prompt(60, 9), 10)
     with pytest.raises(ValueError, match="num_pages"):
         E.Engine(model, num_pages=0)
+
+
+def test_decode_only_steps_do_not_switch_attention(model, monkeypatch):
+    """Switching the model's attention implementation re-walks its modules: only a step whose work
+    needs the other implementation switches; the model gets its own back when the engine is idle."""
+    switches = []
+    real = hf._set_attention
+
+    def counted(m, name):
+        if name != m.config._attn_implementation:
+            switches.append(name)
+        real(m, name)
+
+    monkeypatch.setattr(hf, "_set_attention", counted)
+    eng = E.Engine(model, num_pages=16, page_size=16)
+    eng.add_request(_prompt(30, 10), 8, eos_token_id=None)
+    eng.step()  # prefill only
+    eng.step()  # decode: one switch to splitkv
+    n = len(switches)
+    for _ in range(5):
+        eng.step()  # decode only: no switch
+    assert len(switches) == n == 1 and switches == [hf.ATTN_NAME]
+    eng.run()
+    assert model.config._attn_implementation == "sdpa" and switches[-1] == "sdpa"
+
+
+def test_fp8_pool(model):
+    """An fp8 pool with calibrated per layer / KV head scales: runs to the end, pages come back, and
+    the tokens mostly follow the fp32 cache's (e4m3 rounding can flip a near-tie)."""
+    ids = _prompt(50, 11)
+    scales = torch.full((model.config.num_hidden_layers, model.config.num_key_value_heads), 0.02)
+    eng = E.Engine(model, num_pages=8, page_size=16, kv_cache_dtype="fp8_e4m3", k_scale=scales, v_scale=scales)
+    assert eng.cache.dtype == torch.float8_e4m3fn
+    rid = eng.add_request(ids, 10, eos_token_id=None)
+    out, solo = eng.run()[rid], _alone(model, ids, 10)
+    assert len(out) == 10 and out[0] == solo[0]  # the first token comes from the model's own prefill
+    assert sum(a == b for a, b in zip(out, solo, strict=True)) >= 5, (out, solo)
+    assert eng.cache.num_free_pages == 8

@@ -17,6 +17,10 @@ layer, block tables built once per step). So the engine owns one PagedKVCache an
   * decode — one token for every active request per step, through splitkv (integrations.hf's
     attention function over the shared cache), greedy;
   * finish — at an EOS token or max_new_tokens; the request's pages go back to the pool at once.
+Attention switching: the model runs prefill with its own attention implementation and decode with
+"splitkv"; switching costs ~2 ms on a 32-layer model (transformers re-walks its modules), so the
+engine switches only when a step's work needs the other one (a decode-only step switches nothing)
+and gives the model back its own implementation whenever no request is left.
 Memory policy: a request is admitted only when the pool's free pages, less what the admitted
 requests may still claim, cover its prompt plus max_new_tokens; otherwise it waits in the queue
 (first come, first served). A running request therefore never meets a full pool. A request that
@@ -54,11 +58,13 @@ class Engine:
     """Continuous-batching greedy decode of a Llama-family model (module docstring).
 
     num_pages / page_size: the paged KV pool (every layer's K/V of one token share a slot);
-    prefill_chunk: prompt tokens prefilled per step; backend, kv_cache_dtype: as in hf.generate
-    (an fp8 pool takes per-tensor unit scales). Not thread-safe."""
+    prefill_chunk: prompt tokens prefilled per step; backend, kv_cache_dtype: as in hf.generate.
+    An fp8 pool's scales (k_scale, v_scale: a float, or float32 [num_layers, Hkv]) are fixed when
+    it is made, before any prompt is seen: calibrate them offline for K/V with outlier channels
+    (PagedKVCache). Not thread-safe."""
 
     def __init__(self, model, *, num_pages: int, page_size: int = 64, prefill_chunk: int = 2048,
-                 backend: str = "auto", kv_cache_dtype="auto"):
+                 backend: str = "auto", kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("prefill_chunk", prefill_chunk)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name}: expected a positive int, got {val!r}")
@@ -67,7 +73,9 @@ class Engine:
         model_dtype = next(model.parameters()).dtype
         dtype = hf._kv_cache_dtype(kv_cache_dtype, model_dtype)
         self.device = next(model.parameters()).device
-        self.cache = PagedKVCache(num_pages, page_size, Hkv, D, num_layers=layers, dtype=dtype, device=self.device)
+        scales = dict(k_scale=k_scale, v_scale=v_scale) if dtype in hf.FP8_DTYPES else {}
+        self.cache = PagedKVCache(num_pages, page_size, Hkv, D, num_layers=layers, dtype=dtype, device=self.device,
+                                  **scales)
         self.prefill_chunk = prefill_chunk
         if backend == "auto" and model_dtype == torch.float32 and self.device.type == "cuda":
             backend = "torch"  # the GPU kernels take fp16/bf16 only
@@ -77,6 +85,11 @@ class Engine:
         self._active: list[_Request] = []
         self._next = 0
         self._transformers = hf._transformers()
+        hf.register()
+        self._own = model.config._attn_implementation
+        if self._own == hf.ATTN_NAME:
+            raise ValueError("model: its attention implementation is already 'splitkv'; the engine needs the "
+                             "model's own one for prefill")
 
     # ------------------------------------------------------------------ requests
     def add_request(self, input_ids, max_new_tokens: int, *, eos_token_id=hf._DEFAULT) -> int:
@@ -128,6 +141,7 @@ class Engine:
         decoding = list(self._active)  # the requests prefilled before this step
         joined = None
         if self._prefilling:
+            hf._set_attention(self.model, self._own)
             req = self._prefilling[0]
             tok = self._prefill_chunk(req)
             if tok is not None:  # its prompt is done: first token, and it decodes from the next step
@@ -135,6 +149,7 @@ class Engine:
                 emitted.append(self._emit(req, tok))
                 joined = req
         if decoding:
+            hf._set_attention(self.model, hf.ATTN_NAME)  # no-op while it already is
             self._state.seq_ids = [r.sid for r in decoding]
             self._state.positions = torch.tensor([r.position for r in decoding], dtype=torch.long,
                                                  device=self.device)
@@ -144,6 +159,8 @@ class Engine:
                 r.position += 1
                 emitted.append(self._emit(r, tok))
         self._active = [r for r in (*decoding, joined) if r is not None and r.sid is not None]
+        if not self.pending:
+            hf._set_attention(self.model, self._own)
         return emitted
 
     def _emit(self, req: _Request, tok: int) -> tuple[int, int, bool]:
