@@ -122,10 +122,11 @@ class Engine:
 
     def _claimable(self) -> int:
         """Pages the admitted requests may still take from the pool."""
-        held = 0
+        claim = 0
         for r in (*self._prefilling, *self._active):
-            held += r.pages - (math.ceil(self.cache.seq_len(r.sid) / self.cache.page_size) if r.sid is not None else 0)
-        return held
+            held = math.ceil(self.cache.seq_len(r.sid) / self.cache.page_size) if r.sid is not None else 0
+            claim += r.pages - held
+        return claim
 
     def _admit(self) -> None:
         while self._queue and self._queue[0].pages <= self.cache.num_free_pages - self._claimable():
