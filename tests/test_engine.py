@@ -123,3 +123,26 @@ def test_fp8_pool(model):
     assert len(out) == 10 and out[0] == solo[0]  # the first token comes from the model's own prefill
     assert sum(a == b for a, b in zip(out, solo, strict=True)) >= 5, (out, solo)
     assert eng.cache.num_free_pages == 8
+
+
+def test_sampling_is_per_request_and_reproducible(model):
+    """Sampled requests draw from their own seeded generator: the same tokens alone or next to
+    others; top_k=1 and a tiny top_p are greedy; different seeds give different text."""
+    ids = [_prompt(30, 12), _prompt(70, 13)]
+
+    def run(pairs, **kw):
+        eng = E.Engine(model, num_pages=32, page_size=16)
+        rids = [eng.add_request(ids[i], 12, eos_token_id=None, **kw, **extra) for i, extra in pairs]
+        out = eng.run()
+        return [out[r] for r in rids]
+
+    alone = run([(0, dict(seed=1))], temperature=1.5)[0]
+    together = run([(1, dict(seed=2)), (0, dict(seed=1))], temperature=1.5)
+    assert together[1] == alone and alone != run([(0, dict(seed=3))], temperature=1.5)[0]
+    greedy = _alone(model, ids[0], 12)
+    assert run([(0, dict(seed=4, top_k=1))], temperature=2.0)[0] == greedy
+    assert run([(0, dict(seed=5, top_p=1e-6))], temperature=2.0)[0] == greedy
+    eng = E.Engine(model, num_pages=8, page_size=16)
+    for kw, name in ((dict(temperature=-1.0), "temperature"), (dict(top_k=-2), "top_k"), (dict(top_p=0.0), "top_p")):
+        with pytest.raises(ValueError, match=name):
+            eng.add_request(ids[0], 4, **kw)

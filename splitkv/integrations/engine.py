@@ -15,7 +15,7 @@ layer, block tables built once per step). So the engine owns one PagedKVCache an
     requests for its whole prefill; when the prompt is done its K/V are copied into the paged cache
     and its first token is emitted;
   * decode — one token for every active request per step, through splitkv (integrations.hf's
-    attention function over the shared cache), greedy;
+    attention function over the shared cache), greedy or sampled per request;
   * finish — at an EOS token or max_new_tokens; the request's pages go back to the pool at once.
 Attention switching: the model runs prefill with its own attention implementation and decode with
 "splitkv"; switching costs ~2 ms on a 32-layer model (transformers re-walks its modules), so the
@@ -52,6 +52,23 @@ class _Request:
     position: int = 0  # the next token's position
     last: int | None = None  # the last token emitted (the next decode input)
     out: list[int] = field(default_factory=list)
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no cut
+    top_p: float = 1.0
+    generator: torch.Generator | None = None  # the request's own random stream (seeded)
+
+    def pick(self, logits: torch.Tensor) -> int:
+        """The next token from logits [vocab]: greedy, or sampled from softmax(logits / temperature)
+        restricted to the top_k tokens and the smallest set whose probability reaches top_p."""
+        if self.temperature == 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / self.temperature, -1)
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < self.top_p  # the token that crosses top_p stays
+        if self.top_k:
+            keep[self.top_k:] = False
+        sorted_p = sorted_p * keep
+        return int(order[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=self.generator)])
 
 
 class Engine:
@@ -92,9 +109,13 @@ class Engine:
                              "model's own one for prefill")
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, input_ids, max_new_tokens: int, *, eos_token_id=hf._DEFAULT) -> int:
+    def add_request(self, input_ids, max_new_tokens: int, *, eos_token_id=hf._DEFAULT, temperature: float = 0.0,
+                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> int:
         """Queue a request (a 1-D prompt of token ids); returns its id. eos_token_id as in
-        hf.generate (default: the model's generation_config)."""
+        hf.generate (default: the model's generation_config). temperature 0 (default): greedy;
+        otherwise sampling from softmax(logits / temperature), cut to top_k tokens (0: all) and to
+        the nucleus of probability top_p, from the request's own generator (seed: reproducible,
+        whatever else is in the batch)."""
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
         if ids.dim() != 1 or ids.numel() == 0:
             raise ValueError(f"input_ids: expected a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
@@ -104,8 +125,19 @@ class Engine:
         if pages > self.cache.num_pages:
             raise ValueError(f"max_new_tokens: prompt ({ids.numel()}) + max_new_tokens ({max_new_tokens}) need "
                              f"{pages} pages, the pool has {self.cache.num_pages}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise ValueError(f"temperature: expected a float >= 0 (0 = greedy), got {temperature!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise ValueError(f"top_k: expected an int >= 0 (0 = no cut), got {top_k!r}")
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p: expected a float in (0, 1], got {top_p!r}")
         eos, _ = hf._eos_pad(self.model, eos_token_id, None)
-        req = _Request(self._next, ids, max_new_tokens, eos, pages)
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(seed) if seed is not None else gen.seed()
+        req = _Request(self._next, ids, max_new_tokens, eos, pages, temperature=float(temperature), top_k=top_k,
+                       top_p=float(top_p), generator=gen)
         self._next += 1
         self._queue.append(req)
         return req.rid
@@ -156,9 +188,10 @@ class Engine:
                                                  device=self.device)
             tokens = torch.tensor([r.last for r in decoding], dtype=torch.long, device=self.device)
             logits = hf.decode_step(self.model, self._state, tokens)
-            for r, tok in zip(decoding, logits.argmax(-1).tolist(), strict=True):
+            greedy = logits.argmax(-1).tolist()
+            for i, r in enumerate(decoding):
                 r.position += 1
-                emitted.append(self._emit(r, tok))
+                emitted.append(self._emit(r, greedy[i] if r.temperature == 0 else r.pick(logits[i])))
         self._active = [r for r in (*decoding, joined) if r is not None and r.sid is not None]
         if not self.pending:
             hf._set_attention(self.model, self._own)
@@ -193,7 +226,7 @@ class Engine:
             self.cache.append([req.sid], k.transpose(1, 2), v.transpose(1, 2), layer=layer)
         req.dyn = None
         req.position = S
-        return int(out.logits[0, -1].argmax())
+        return req.pick(out.logits[0, -1])
 
     # ------------------------------------------------------------------ loops
     def stream(self):
