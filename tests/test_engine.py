@@ -146,3 +146,29 @@ def test_sampling_is_per_request_and_reproducible(model):
     for kw, name in ((dict(temperature=-1.0), "temperature"), (dict(top_k=-2), "top_k"), (dict(top_p=0.0), "top_p")):
         with pytest.raises(ValueError, match=name):
             eng.add_request(ids[0], 4, **kw)
+
+
+def test_n_samples_share_the_prompt_pages(model):
+    """n samples of one prompt: prefilled once, its pages shared (forked), each sample the tokens it
+    gets as a request of its own with its seed; the pool accounting leaves no page behind."""
+    ids = _prompt(40, 14)  # 2 full pages of 16 + a partial one
+    eng = E.Engine(model, num_pages=32, page_size=16)
+    rids = eng.add_request(ids, 8, eos_token_id=None, temperature=1.5, seed=20, n=3)
+    first = eng.step()  # the prefill: one sequence's pages, three first tokens
+    assert [r for r, _, _ in first] == rids and eng.cache.num_free_pages == 32 - 3
+    outs = eng.run()
+    for i, rid in enumerate(rids):
+        solo = E.Engine(model, num_pages=32, page_size=16)
+        r = solo.add_request(ids, 8, eos_token_id=None, temperature=1.5, seed=20 + i)
+        assert [t for x, t, _ in first if x == rid] + outs[rid] == solo.run()[r], i
+    assert eng.cache.num_free_pages == 32
+    # a pool that fits the group only thanks to sharing: 2 shared pages + 3 x the page holding
+    # tokens 32..47 (8 of the prompt, 8 new) = 5 pages (9 unshared)
+    tight = E.Engine(model, num_pages=5, page_size=16)
+    group = tight.add_request(ids, 8, eos_token_id=None, n=3)
+    out = tight.run()
+    assert all(out[g] == _alone(model, ids, 8) for g in group) and tight.cache.num_free_pages == 5
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        tight.add_request(ids, 8, n=4)
+    with pytest.raises(ValueError, match="n:"):
+        tight.add_request(ids, 8, n=0)

@@ -56,6 +56,8 @@ class _Request:
     top_k: int = 0  # 0: no cut
     top_p: float = 1.0
     generator: torch.Generator | None = None  # the request's own random stream (seeded)
+    followers: list = field(default_factory=list)  # the other samples of its prompt (add_request n > 1)
+    shared: int = 0  # a follower: the prompt's full pages it shares with its leader (not its own)
 
     def pick(self, logits: torch.Tensor) -> int:
         """The next token from logits [vocab]: greedy, or sampled from softmax(logits / temperature)
@@ -110,21 +112,28 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, input_ids, max_new_tokens: int, *, eos_token_id=hf._DEFAULT, temperature: float = 0.0,
-                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> int:
+                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None, n: int = 1) -> int | list[int]:
         """Queue a request (a 1-D prompt of token ids); returns its id. eos_token_id as in
         hf.generate (default: the model's generation_config). temperature 0 (default): greedy;
         otherwise sampling from softmax(logits / temperature), cut to top_k tokens (0: all) and to
         the nucleus of probability top_p, from the request's own generator (seed: reproducible,
-        whatever else is in the batch)."""
+        whatever else is in the batch).
+        n > 1: n samples of the prompt (ids returned as a list; sample i seeded seed + i), which
+        prefill it once and share its pages (PagedKVCache.fork: copy on write of the last,
+        partial page)."""
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
         if ids.dim() != 1 or ids.numel() == 0:
             raise ValueError(f"input_ids: expected a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
-        pages = math.ceil((ids.numel() + max_new_tokens) / self.cache.page_size)
-        if pages > self.cache.num_pages:
-            raise ValueError(f"max_new_tokens: prompt ({ids.numel()}) + max_new_tokens ({max_new_tokens}) need "
-                             f"{pages} pages, the pool has {self.cache.num_pages}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n: expected an int >= 1 (samples of the prompt), got {n!r}")
+        ps, S = self.cache.page_size, ids.numel()
+        pages = math.ceil((S + max_new_tokens) / ps)
+        own = pages - S // ps  # a follower's pages: past the prompt's full, shared ones
+        if pages + (n - 1) * own > self.cache.num_pages:
+            raise ValueError(f"max_new_tokens: prompt ({S}) + max_new_tokens ({max_new_tokens}) x n ({n}) need "
+                             f"{pages + (n - 1) * own} pages, the pool has {self.cache.num_pages}")
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
             raise ValueError(f"temperature: expected a float >= 0 (0 = greedy), got {temperature!r}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
@@ -132,36 +141,46 @@ class Engine:
         if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
             raise ValueError(f"top_p: expected a float in (0, 1], got {top_p!r}")
         eos, _ = hf._eos_pad(self.model, eos_token_id, None)
-        gen = None
-        if temperature > 0:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed) if seed is not None else gen.seed()
-        req = _Request(self._next, ids, max_new_tokens, eos, pages, temperature=float(temperature), top_k=top_k,
-                       top_p=float(top_p), generator=gen)
-        self._next += 1
-        self._queue.append(req)
-        return req.rid
+        group = []
+        for i in range(n):
+            gen = None
+            if temperature > 0:
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed(seed + i) if seed is not None else gen.seed()
+            group.append(_Request(self._next, ids, max_new_tokens, eos, pages if i == 0 else own,
+                                  temperature=float(temperature), top_k=top_k, top_p=float(top_p), generator=gen,
+                                  shared=0 if i == 0 else S // ps))
+            self._next += 1
+        group[0].followers = group[1:]
+        self._queue.append(group[0])
+        return group[0].rid if n == 1 else [r.rid for r in group]
 
     @property
     def queued(self) -> int:
         """Requests waiting for pool pages (not admitted yet)."""
-        return len(self._queue)
+        return sum(1 + len(r.followers) for r in self._queue)
 
     @property
     def pending(self) -> int:
         """Requests not finished (queued, prefilling or decoding)."""
-        return len(self._queue) + len(self._prefilling) + len(self._active)
+        return self.queued + sum(1 + len(r.followers) for r in self._prefilling) + len(self._active)
 
     def _claimable(self) -> int:
         """Pages the admitted requests may still take from the pool."""
         claim = 0
-        for r in (*self._prefilling, *self._active):
-            held = math.ceil(self.cache.seq_len(r.sid) / self.cache.page_size) if r.sid is not None else 0
+        for r in (*(x for lead in self._prefilling for x in (lead, *lead.followers)), *self._active):
+            held = 0
+            n = self.cache.seq_len(r.sid) if r.sid is not None else 0
+            if n > (r.prompt.numel() if r.shared else 0):  # a fresh fork holds only shared pages
+                held = math.ceil(n / self.cache.page_size) - r.shared
             claim += r.pages - held
         return claim
 
     def _admit(self) -> None:
-        while self._queue and self._queue[0].pages <= self.cache.num_free_pages - self._claimable():
+        while self._queue:
+            lead = self._queue[0]
+            if lead.pages + sum(f.pages for f in lead.followers) > self.cache.num_free_pages - self._claimable():
+                break
             self._prefilling.append(self._queue.popleft())
 
     # ------------------------------------------------------------------ one step
@@ -172,15 +191,17 @@ class Engine:
         self._admit()
         emitted = []
         decoding = list(self._active)  # the requests prefilled before this step
-        joined = None
+        joined = []
         if self._prefilling:
             hf._set_attention(self.model, self._own)
             req = self._prefilling[0]
-            tok = self._prefill_chunk(req)
-            if tok is not None:  # its prompt is done: first token, and it decodes from the next step
+            logits = self._prefill_chunk(req)
+            if logits is not None:  # its prompt is done: first tokens, and it decodes from the next step
                 self._prefilling.popleft()
-                emitted.append(self._emit(req, tok))
-                joined = req
+                for f in req.followers:  # the other samples share the prompt's pages
+                    f.sid, f.position = self.cache.fork(req.sid), req.position
+                joined = [req, *req.followers]
+                emitted += [self._emit(r, r.pick(logits)) for r in joined]
         if decoding:
             hf._set_attention(self.model, hf.ATTN_NAME)  # no-op while it already is
             self._state.seq_ids = [r.sid for r in decoding]
@@ -192,7 +213,7 @@ class Engine:
             for i, r in enumerate(decoding):
                 r.position += 1
                 emitted.append(self._emit(r, greedy[i] if r.temperature == 0 else r.pick(logits[i])))
-        self._active = [r for r in (*decoding, joined) if r is not None and r.sid is not None]
+        self._active = [r for r in (*decoding, *joined) if r.sid is not None]
         if not self.pending:
             hf._set_attention(self.model, self._own)
         return emitted
@@ -207,9 +228,9 @@ class Engine:
             req.sid = None
         return req.rid, tok, done
 
-    def _prefill_chunk(self, req: _Request) -> int | None:
+    def _prefill_chunk(self, req: _Request) -> torch.Tensor | None:
         """Feed the next chunk of req's prompt through the model's own attention; when the prompt is
-        done, copy its K/V into the paged cache and return the first token."""
+        done, copy its K/V into the paged cache and return the last position's logits [vocab]."""
         model, S = self.model, req.prompt.numel()
         if req.dyn is None:
             req.dyn = self._transformers.DynamicCache()
@@ -226,7 +247,7 @@ class Engine:
             self.cache.append([req.sid], k.transpose(1, 2), v.transpose(1, 2), layer=layer)
         req.dyn = None
         req.position = S
-        return req.pick(out.logits[0, -1])
+        return out.logits[0, -1]
 
     # ------------------------------------------------------------------ loops
     def stream(self):
