@@ -135,10 +135,7 @@ def _remember(memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_p
     ptrs = q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | out.data_ptr()
     if (ptrs | lse.data_ptr() | (block_table.data_ptr() if block_table is not None else 0)) & 15:
         return
-    if variant is PLAIN:
-        launch = bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
-    else:
-        launch = bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=variant)
+    launch = bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=variant)
     if launch is not None:
         plain = q.is_contiguous() and q.stride() == out.stride()
         vkey = None if variant is PLAIN else variant.kernel_key()

@@ -78,15 +78,18 @@ class Shape:
             return self.seqlens
         return tuple(min(L, self.q_len + self.window_left) for L in self.seqlens)
 
+    def kv_elem_bytes(self, elem_bytes: int) -> int:
+        """Bytes of one K or V value when q's are elem_bytes: 1 for an fp8 cache."""
+        return 1 if self.kv_dtype else elem_bytes
+
     def bytes(self, elem_bytes: int) -> int:
         """byte_model at q's element size (an fp8 row's K/V count one byte each; a window's rows
         count the keys it shows)."""
         return byte_model(self.visible, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len,
-                          elem_bytes, 1 if self.kv_dtype else elem_bytes)
+                          elem_bytes, self.kv_elem_bytes(elem_bytes))
 
     def kv_bytes(self, elem_bytes: int) -> int:
-        kv_elem = 1 if self.kv_dtype else elem_bytes
-        return 2 * sum(self.visible) * self.num_kv_heads * self.head_dim * kv_elem
+        return 2 * sum(self.visible) * self.num_kv_heads * self.head_dim * self.kv_elem_bytes(elem_bytes)
 
 
 def byte_model(seqlens, num_q_heads: int, num_kv_heads: int, head_dim: int, q_len: int,

@@ -96,9 +96,8 @@ class Engine:
         self.cache = PagedKVCache(num_pages, page_size, Hkv, D, num_layers=layers, dtype=dtype, device=self.device,
                                   **scales)
         self.prefill_chunk = prefill_chunk
-        if backend == "auto" and model_dtype == torch.float32 and self.device.type == "cuda":
-            backend = "torch"  # the GPU kernels take fp16/bf16 only
-        self._state = hf.DecodeState(self.cache, [], torch.zeros(0, dtype=torch.long, device=self.device), backend)
+        self._state = hf.DecodeState(self.cache, [], torch.zeros(0, dtype=torch.long, device=self.device),
+                                     hf.decode_backend(backend, model_dtype, self.device))
         self._queue: deque[_Request] = deque()
         self._prefilling: deque[_Request] = deque()
         self._active: list[_Request] = []

@@ -88,18 +88,18 @@ def _sinks(state: DecodeState, s_aux: torch.Tensor) -> torch.Tensor:
     return hit[2]
 
 
-def _variant(sliding_window, softcap, s_aux) -> dict:
+def _variant(sliding_window, softcap, sinks) -> dict:
     """splitkv.decode's variant arguments from what transformers passes an attention function:
     sliding_window (keys within the last `sliding_window` positions, the query's own included:
-    window_size left = sliding_window - 1), softcap (Gemma 2's attn_logit_softcapping), s_aux
-    (gpt-oss's per-head attention sinks)."""
+    window_size left = sliding_window - 1), softcap (Gemma 2's attn_logit_softcapping), sinks
+    (gpt-oss's per-head attention sinks, s_aux, already float32: _sinks)."""
     kw = {}
     if sliding_window:
         kw["window_size"] = (int(sliding_window) - 1, -1)
     if softcap:
         kw["softcap"] = float(softcap)
-    if s_aux is not None:
-        kw["sinks"] = s_aux.detach().float().contiguous()
+    if sinks is not None:
+        kw["sinks"] = sinks
     return kw
 
 
@@ -208,6 +208,12 @@ def _prompt_lengths(input_ids, attention_mask):
     return n
 
 
+def decode_backend(backend: str, model_dtype: torch.dtype, device: torch.device) -> str:
+    """The backend a model's decode asks for: 'auto' is 'torch' for an fp32 model on a GPU (the GPU
+    kernels take fp16/bf16 only)."""
+    return "torch" if backend == "auto" and model_dtype == torch.float32 and device.type == "cuda" else backend
+
+
 def _kv_cache_dtype(kv_cache_dtype, model_dtype) -> torch.dtype:
     if isinstance(kv_cache_dtype, str) and kv_cache_dtype in KV_CACHE_DTYPES:
         return KV_CACHE_DTYPES[kv_cache_dtype] or model_dtype
@@ -222,13 +228,14 @@ def _fp8_scales(dyn, num_layers: int, lengths: list[int], dtype: torch.dtype):
     over the prompt's real tokens / (the fp8 dtype's largest value / FP8_HEADROOM)."""
     top = torch.finfo(dtype).max / FP8_HEADROOM
     S = max(lengths)
+    dev = _layer_kv(dyn, 0)[0].device
+    pad = (torch.arange(S, device=dev)[None, :] < S - torch.tensor(lengths, device=dev)[:, None])[:, None, :]
     out = []
     for which in (0, 1):
         amax = []
         for layer in range(num_layers):
             x = _layer_kv(dyn, layer)[which]  # [B, Hkv, S, D], left-padded
-            real = torch.arange(S, device=x.device)[None, :] >= S - torch.tensor(lengths, device=x.device)[:, None]
-            a = x.float().abs().amax(-1).masked_fill(~real[:, None, :], 0.0)  # padding never counts
+            a = x.float().abs().amax(-1).masked_fill(pad, 0.0)  # padding never counts
             amax.append(a.amax(dim=(0, 2)))
         out.append((torch.stack(amax) / top).clamp(min=torch.finfo(torch.float32).tiny).float())
     return out
@@ -280,9 +287,7 @@ def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_siz
             cache.append([sid], k[b:b + 1, :, S - lengths[b]:].transpose(1, 2),
                          v[b:b + 1, :, S - lengths[b]:].transpose(1, 2), layer=layer)
     del dyn, out
-    if backend == "auto" and dtype == torch.float32 and input_ids.is_cuda:
-        backend = "torch"  # the GPU kernels take fp16/bf16 only
-    return DecodeState(cache, ids, n.clone(), backend, num_splits), logits
+    return DecodeState(cache, ids, n.clone(), decode_backend(backend, dtype, input_ids.device), num_splits), logits
 
 
 @torch.no_grad()

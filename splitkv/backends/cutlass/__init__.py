@@ -60,7 +60,9 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                   causal)
 
 
-def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
+def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=None):
+    if variant is not None and not variant.plain:  # never run here (plan.build), so never bound
+        return None
     return _launch().bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
 
 

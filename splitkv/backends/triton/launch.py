@@ -93,8 +93,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     sinks, slopes = variant.sinks, variant.alibi_slopes
     per_head = variant.fp8 == "head"
     tensors = (q, k_cache, v_cache, cache_seqlens, nsplits, chunks, work, bt, op, lp, out, lse, counters,
-               sinks if sinks is not None else cache_seqlens, slopes if slopes is not None else cache_seqlens,
-               variant.k_scale if per_head else cache_seqlens, variant.v_scale if per_head else cache_seqlens)
+               *(t if t is not None else cache_seqlens for t in variant.tensors()))  # unused slots: never read
     key = _split_key(q, k_cache, v_cache, block_table, out, scale, causal, variant)
     aligned = ((q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr() | cache_seqlens.data_ptr() | bt.data_ptr()
                 | out.data_ptr() | lse.data_ptr() | tensors[13].data_ptr() | tensors[14].data_ptr()
