@@ -30,7 +30,7 @@ if has variants; then  # attention variants and head dims next to plain decode a
   python -m splitkv bench --suite variants --providers splitkv-auto-noplan,splitkv-auto,splitkv-triton,flashinfer \
     --json "$OUT/variants.json" --markdown "$OUT/variants.md" 2>&1 | tee "$OUT/variants.log" | tail -60
 fi
-if has hf; then python benchmarks/hf_decode.py --out "$OUT/hf_decode.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -15; fi
+if has hf; then python benchmarks/hf_step.py --out "$OUT/hf_step.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -45; fi
 # at most 8 files come back: up to 7 results (the JSON files, then bench.md) stay as they are,
 # everything else (logs, plots, env.txt) goes into one archive
 (cd "$OUT" && keep=$(mktemp -d) && n=0

@@ -296,6 +296,46 @@ class PagedKVCache:
         for seq, n in zip(seqs, counts, strict=True):
             seq.lens[layer] += n
 
+    def extend(self, seq_ids: Sequence[int], num_tokens: int) -> None:
+        """Count num_tokens more tokens of each sequence in every layer, and give them their pages
+        (fresh ones, or a private copy of a shared last page), without writing their rows: the
+        caller writes them with `write` — a CUDA graph replaying a whole model step does, since the
+        graph can replay device work but not this bookkeeping. Every layer of a sequence must hold
+        the same length (between steps). Raises CacheFullError, changing nothing, when the pool
+        cannot hold the tokens."""
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
+            raise ValueError(f"num_tokens: expected an int >= 0, got {num_tokens!r}")
+        ids = self._ids(seq_ids, unique=True)
+        seqs = self._lookup(ids)
+        for sid, seq in zip(ids, seqs, strict=True):
+            if min(seq.lens) != max(seq.lens):
+                raise ValueError(f"seq_ids: sequence {sid}'s layers hold different lengths {seq.lens} "
+                                 "(extend works between steps, when every layer has appended)")
+        if not num_tokens or not ids:
+            return
+        grow, copies = self._plan_writes(seqs, [num_tokens] * len(ids), 0)
+        self._commit(seqs, grow, copies)
+        for seq in seqs:
+            seq.lens = [n + num_tokens for n in seq.lens]
+        self._version += 1  # the lengths changed under append's reuse key
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor,
+              starts: torch.Tensor, ntok: torch.Tensor) -> None:
+        """Write k, v [N, T, Hkv, D] rows t < ntok[i] at positions starts[i] + t of the sequence
+        whose pages are block_table[i] (int32 [N, W], as batch() returns), in layer `layer`; fp8
+        caches quantise with their scales. Device tensors only and no host bookkeeping: capturable
+        in a CUDA graph. The positions must already be counted (`extend`); rows with ntok = 0
+        write nothing (a graph's padding rows)."""
+        layer = self._check_layer(layer)
+        N, T = k.shape[:2]
+        ps = self.page_size
+        span = _cdiv(T, ps) + 1  # pages a run of T tokens from any offset can touch
+        cols = (starts.long() // ps)[:, None] + torch.arange(span, device=block_table.device)
+        pages = block_table.gather(1, cols.clamp(max=block_table.shape[1] - 1)).to(torch.int32)
+        scales = {} if self._scales is None else dict(k_scale=self._scales[0][layer], v_scale=self._scales[1][layer])
+        self._append(self._k[layer], self._v[layer], k, v, pages, starts.to(torch.int32).contiguous(),
+                     ntok.to(torch.int32).contiguous(), **scales)
+
     def _write_table(self, seqs, starts, counts):
         """Device (pages [N, W], starts [N], ntok [N]) int32 for the kernel; one host->device copy."""
         ps, N = self.page_size, len(seqs)

@@ -77,13 +77,15 @@ class Engine:
     """Continuous-batching greedy decode of a Llama-family model (module docstring).
 
     num_pages / page_size: the paged KV pool (every layer's K/V of one token share a slot);
-    prefill_chunk: prompt tokens prefilled per step; backend, kv_cache_dtype: as in hf.generate.
+    prefill_chunk: prompt tokens prefilled per step; backend, kv_cache_dtype, cuda_graph: as in
+    hf.generate (on a GPU each decode step replays a CUDA graph of the whole model step, one per
+    batch-size bucket: hf_graph).
     An fp8 pool's scales (k_scale, v_scale: a float, or float32 [num_layers, Hkv]) are fixed when
     it is made, before any prompt is seen: calibrate them offline for K/V with outlier channels
     (PagedKVCache). Not thread-safe."""
 
     def __init__(self, model, *, num_pages: int, page_size: int = 64, prefill_chunk: int = 2048,
-                 backend: str = "auto", kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
+                 backend: str = "auto", kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, cuda_graph: bool = True):
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("prefill_chunk", prefill_chunk)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name}: expected a positive int, got {val!r}")
@@ -98,6 +100,7 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self._state = hf.DecodeState(self.cache, [], torch.zeros(0, dtype=torch.long, device=self.device),
                                      hf.decode_backend(backend, model_dtype, self.device))
+        hf.use_graphs(model, self._state, cuda_graph)
         self._queue: deque[_Request] = deque()
         self._prefilling: deque[_Request] = deque()
         self._active: list[_Request] = []

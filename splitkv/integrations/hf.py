@@ -73,6 +73,9 @@ class DecodeState:
     refreshed: set = field(default_factory=set, repr=False)  # variants whose split table is computed this step
     # id(s_aux) -> (the parameter, its version, its float32 copy): a layer's sinks converted once, not per step
     sinks: dict = field(default_factory=dict, repr=False)
+    # fixed-shape / CUDA-graph steps (hf_graph.GraphSteps): decode_step runs through them when set
+    graphs: object = field(default=None, repr=False)
+    io: object = field(default=None, repr=False)  # the StepIO of the fixed-shape step now running
 
     def free(self) -> None:
         for sid in self.seq_ids:
@@ -113,19 +116,24 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
         raise RuntimeError("splitkv attention runs only inside splitkv.integrations.hf.decode_step / "
                            "generate (it needs their paged KV cache)")
     layer = module.layer_idx
-    cache = state.cache
-    cache.append(state.seq_ids, key.transpose(1, 2), value.transpose(1, 2), layer=layer)
-    block_table, seqlens = cache.batch(state.seq_ids, layer=layer)
+    cache, io = state.cache, state.io
+    if io is None:
+        cache.append(state.seq_ids, key.transpose(1, 2), value.transpose(1, 2), layer=layer)
+        block_table, seqlens = cache.batch(state.seq_ids, layer=layer)
+        plans = state.plans
+    else:  # a fixed-shape step (hf_graph): the slots were counted by extend, the tables are static
+        cache.write(layer, key.transpose(1, 2), value.transpose(1, 2), io.block_table, io.starts, io.ntok)
+        block_table, seqlens, plans = io.block_table, io.seqlens, io.plans
     B, Hq, Sq, D = query.shape
     bound = block_table.shape[1] * cache.page_size
     var = _variant(sliding_window, softcap, _sinks(state, s_aux) if s_aux is not None else None)
     vkey = (var.get("window_size"), var.get("softcap"), "sinks" in var)
     if cache.dtype in FP8_DTYPES:  # the layer's scales (float32 [Hkv]); the plan needs only their form
         var.update(k_scale=cache.k_scale(layer), v_scale=cache.v_scale(layer))
-    p = state.plans.get(vkey)
+    p = plans.get(vkey)
     if p is None or (p.batch, p.q_len, p.head_dim) != (B, Sq, D) or p.max_seqlen < bound:
         # sized for the table's capacity (no host read of the lengths), rebuilt only when it grows
-        p = state.plans[vkey] = make_plan(seqlens, Hq, key.shape[1], D, q_len=Sq, num_splits=state.num_splits,
+        p = plans[vkey] = make_plan(seqlens, Hq, key.shape[1], D, q_len=Sq, num_splits=state.num_splits,
                                           max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
                                           backend=state.backend, paged=True, dtype=query.dtype,
                                           kv_dtype=cache.dtype, **var)
@@ -243,14 +251,17 @@ def _fp8_scales(dyn, num_layers: int, lengths: list[int], dtype: torch.dtype):
 
 @torch.no_grad()
 def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_size=64, backend="auto",
-            num_splits=None, kv_cache_dtype="auto"):
+            num_splits=None, kv_cache_dtype="auto", cuda_graph=True):
     """Run the prompt through the model's own attention; returns (DecodeState, last-token logits
     [B, vocab]). The state's PagedKVCache has room for max_new_tokens more tokens per request.
     kv_cache_dtype: "auto" (the model's dtype), "fp8" / "fp8_e4m3" or "fp8_e5m2" (or the torch
     dtype): an fp8 cache, half the KV bytes of bf16, with per layer and KV head scales taken from
-    the prompt (FP8_HEADROOM)."""
+    the prompt (FP8_HEADROOM). cuda_graph: on a GPU, decode steps replay CUDA graphs of the whole
+    model step (hf_graph; ignored on a CPU and for the torch backend)."""
     if not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
+    if not isinstance(cuda_graph, bool):
+        raise TypeError(f"cuda_graph: expected a bool, got {cuda_graph!r}")
     model_dtype = next(model.parameters()).dtype
     cache_dtype = _kv_cache_dtype(kv_cache_dtype, model_dtype)
     transformers = _transformers()
@@ -287,18 +298,34 @@ def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_siz
             cache.append([sid], k[b:b + 1, :, S - lengths[b]:].transpose(1, 2),
                          v[b:b + 1, :, S - lengths[b]:].transpose(1, 2), layer=layer)
     del dyn, out
-    return DecodeState(cache, ids, n.clone(), decode_backend(backend, dtype, input_ids.device), num_splits), logits
+    state = DecodeState(cache, ids, n.clone(), decode_backend(backend, dtype, input_ids.device), num_splits)
+    use_graphs(model, state, cuda_graph)
+    return state, logits
+
+
+def use_graphs(model, state: DecodeState, cuda_graph: bool) -> None:
+    """Route the state's decode steps through CUDA graphs when cuda_graph is true and they apply
+    (a CUDA cache, a GPU kernel backend)."""
+    if not isinstance(cuda_graph, bool):
+        raise TypeError(f"cuda_graph: expected a bool, got {cuda_graph!r}")
+    if cuda_graph and state.cache.device.type == "cuda" and state.backend != "torch":
+        from .hf_graph import GraphSteps
+
+        state.graphs = GraphSteps(model, state)
 
 
 @torch.no_grad()
 def decode_step(model, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
     """Feed one new token per request ([B] or [B, 1]) through the model with splitkv attention;
     returns the next-token logits [B, vocab]. Call inside `use_splitkv(model)` to skip switching
-    the attention implementation at every step."""
+    the attention implementation at every step. A state made with cuda_graph=True (prefill's
+    default on a GPU) replays the step as a CUDA graph (hf_graph)."""
     tokens = tokens.reshape(-1, 1)
     if tokens.shape[0] != len(state.seq_ids):
         raise ValueError(f"tokens: expected one token per request ({len(state.seq_ids)}), "
                          f"got {tokens.shape[0]}")
+    if state.graphs is not None:
+        return state.graphs(tokens)
     kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     state.refreshed.clear()
     ctx = use_splitkv(model) if model.config._attn_implementation != ATTN_NAME else contextlib.nullcontext()
@@ -329,19 +356,20 @@ def _eos_pad(model, eos_token_id, pad_token_id):
 @torch.no_grad()
 def generate(model, input_ids, max_new_tokens, *, attention_mask=None, eos_token_id=_DEFAULT,
              pad_token_id=_DEFAULT, page_size=64, backend="auto", num_splits=None, output_logits=False,
-             kv_cache_dtype="auto"):
+             kv_cache_dtype="auto", cuda_graph=True):
     """Greedy generation whose every decode step runs through splitkv; returns token ids
     [B, S + new] like `model.generate(input_ids, attention_mask=..., max_new_tokens=...,
     do_sample=False)` (prompt included; finished rows padded with pad_token_id; stops early when
     every row has produced an EOS). eos_token_id / pad_token_id default to model.generation_config's;
     an explicit None means none, as in generate. output_logits=True also returns the logits
-    [B, new, vocab]. kv_cache_dtype: see prefill ("fp8_e4m3": an fp8 paged cache)."""
+    [B, new, vocab]. kv_cache_dtype, cuda_graph: see prefill ("fp8_e4m3": an fp8 paged cache;
+    cuda_graph: decode steps replayed as CUDA graphs on a GPU)."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     eos, pad = _eos_pad(model, eos_token_id, pad_token_id)
     state, logits = prefill(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                             page_size=page_size, backend=backend, num_splits=num_splits,
-                            kv_cache_dtype=kv_cache_dtype)
+                            kv_cache_dtype=kv_cache_dtype, cuda_graph=cuda_graph)
     eos_t = torch.tensor(eos, device=input_ids.device) if eos else None
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     new, seen = [], []

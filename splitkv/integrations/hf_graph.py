@@ -1,0 +1,151 @@
+"""Decode steps of a Hugging Face model through fixed-shape buffers, captured as CUDA graphs.
+
+An eager decode step of a 32-layer model is ~a thousand small launches, each paying Python and
+launch overhead: at short contexts the step's host time, not its memory traffic, sets its speed.
+Here the whole step — embedding, every layer's projections, the K/V write into the paged cache,
+splitkv attention, the LM head — is one CUDA graph replayed per step:
+
+  * host, per step: `PagedKVCache.extend(seq_ids, 1)` gives every request its slot for the new
+    token (page bookkeeping, which a graph cannot replay), `batch()` its block table and lengths
+    (one host->device copy); both, with the tokens, are copied into the graph's static buffers;
+  * graph: position = length - 1 (the paged cache holds no padding, so a request's next position is
+    its cache length), `PagedKVCache.write` puts each layer's new K/V at that slot, the step's
+    split table is scheduled on the device once (DecodePlan.refresh at the first layer), decode
+    reads the static block table; the logits land in a static buffer.
+
+One graph per (batch bucket, block-table width): a batch of B runs in the smallest bucket >= B with
+padding rows of length 0 (they write nothing and attend to nothing: o = 0), so a continuous
+batch whose size changes every step replays a handful of graphs; the width (pages per request)
+doubles as requests grow, so long generations recapture O(log length) times. All graphs share one
+memory pool. Capture first runs the step eagerly on a side stream (Triton compiles, the plans are
+made, and that run's logits are the step's result); if capture then fails, the bucket runs the same
+fixed-shape step eagerly and the log says why. On a CPU the fixed-shape step always runs eagerly
+(the same code, which the CPU tests check against transformers' generate).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+log = logging.getLogger("splitkv")
+BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+MIN_WIDTH = 16  # pages per request of the narrowest graph
+
+
+def bucket_for(batch: int) -> int:
+    """The padded batch a step of `batch` requests runs at."""
+    for b in BUCKETS:
+        if b >= batch:
+            return b
+    return -(-batch // 64) * 64
+
+
+def width_for(pages: int, num_pages: int) -> int:
+    """Block-table width of the graph for a batch whose longest request holds `pages` pages."""
+    return min(num_pages, max(MIN_WIDTH, 1 << max(pages - 1, 0).bit_length()))
+
+
+@dataclass
+class StepIO:
+    """One fixed-shape step: its static inputs, derived slot tensors, output, plans and graph."""
+
+    tokens: torch.Tensor  # int64 [Bb, 1]
+    block_table: torch.Tensor  # int32 [Bb, W]
+    seqlens: torch.Tensor  # int32 [Bb]: each request's length including this step's token; 0 = padding
+    starts: torch.Tensor | None = None  # int32 [Bb]: the new token's position (set by the body)
+    ntok: torch.Tensor | None = None  # int32 [Bb]: 1 for a request, 0 for padding
+    logits: torch.Tensor | None = None  # [Bb, vocab]
+    plans: dict = field(default_factory=dict)  # the attention's plans at this shape, one per variant
+    graph: object = None  # torch.cuda.CUDAGraph once captured
+    eager: bool = False  # capture failed (or no CUDA): run the body eagerly
+
+
+class GraphSteps:
+    """Fixed-shape (and, on CUDA, graph-captured) decode steps over one DecodeState's cache; see
+    the module doc. `capture=False` runs the same steps without graphs."""
+
+    def __init__(self, model, state, *, capture: bool = True) -> None:
+        self.model, self.state = model, state
+        self.capture = capture and state.cache.device.type == "cuda"
+        self.steps: dict[tuple[int, int], StepIO] = {}
+        self.pool = None
+        self._kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One token per request (tokens [B]) -> next-token logits [B, vocab]."""
+        from . import hf
+
+        st, cache = self.state, self.state.cache
+        B = len(st.seq_ids)
+        cache.extend(st.seq_ids, 1)
+        table, lens = cache.batch(st.seq_ids)
+        key = (bucket_for(B), width_for(table.shape[1], cache.num_pages))
+        io = self.steps.get(key)
+        if io is None:
+            io = self.steps[key] = self._make(*key)
+        io.tokens[:B].copy_(tokens.reshape(B, 1))
+        io.block_table[:B, :table.shape[1]].copy_(table)
+        io.seqlens[:B].copy_(lens)
+        io.seqlens[B:].zero_()
+        with hf.use_splitkv(self.model) if self.model.config._attn_implementation != hf.ATTN_NAME \
+                else contextlib.nullcontext():
+            if io.graph is not None:
+                io.graph.replay()
+            elif io.eager or not self.capture:
+                self._body(io)
+            else:
+                self._capture(io, key)
+        st.positions += 1
+        return io.logits[:B].clone()
+
+    def _make(self, bucket: int, width: int) -> StepIO:
+        dev = self.state.cache.device
+        return StepIO(tokens=torch.zeros(bucket, 1, dtype=torch.long, device=dev),
+                      block_table=torch.zeros(bucket, width, dtype=torch.int32, device=dev),
+                      seqlens=torch.zeros(bucket, dtype=torch.int32, device=dev))
+
+    def _body(self, io: StepIO) -> None:
+        """The step on io's buffers: what the graph records."""
+        from . import hf
+
+        io.starts = (io.seqlens - 1).clamp(min=0)
+        io.ntok = (io.seqlens > 0).to(torch.int32)
+        st = self.state
+        st.io = io
+        st.refreshed.clear()
+        token = hf._ACTIVE.set(st)
+        try:
+            out = self.model(input_ids=io.tokens, position_ids=io.starts.long()[:, None], use_cache=False,
+                             **self._kw)
+        finally:
+            hf._ACTIVE.reset(token)
+            st.io = None
+        if io.logits is None:
+            io.logits = out.logits[:, -1].clone()
+        else:
+            io.logits.copy_(out.logits[:, -1])
+
+    def _capture(self, io: StepIO, key) -> None:
+        # warm-up = this step's real run (kernels compile, plans are made, its logits are the result)
+        side = torch.cuda.Stream(io.tokens.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._body(io)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._body(io)
+        except Exception as e:  # noqa: BLE001 - any capture failure falls back to the same step, eager
+            log.warning("splitkv: CUDA-graph capture of the decode step (batch %d, %d pages/request) failed: "
+                        "%s: %s; that shape runs eagerly", key[0], key[1], type(e).__name__, e)
+            io.eager = True
+            return
+        io.graph = graph
+        self.pool = graph.pool()
+        log.info("splitkv: captured the decode step for batch %d, %d pages/request", *key)

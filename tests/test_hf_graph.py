@@ -1,0 +1,169 @@
+"""Fixed-shape / CUDA-graph decode steps (splitkv.integrations.hf_graph) and the cache calls they
+stand on (PagedKVCache.extend + write): on the CPU the fixed-shape step runs eagerly and must give
+transformers' greedy tokens and logits (fp32), padded batches and changing membership included; on
+the GPU (marked) the captured graphs must replay what the eager step computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from splitkv import CacheFullError, PagedKVCache
+
+tf = pytest.importorskip("transformers")
+
+from test_hf import NEW, S, _model, _prompt  # noqa: E402
+
+from splitkv.integrations import engine as E  # noqa: E402
+from splitkv.integrations import hf  # noqa: E402
+from splitkv.integrations import hf_graph as G  # noqa: E402
+
+
+def _cache(dtype=torch.float32, **kw):
+    return PagedKVCache(24, 4, 2, 8, num_layers=2, dtype=dtype, device="cpu", backend="torch", **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e4m3fn])
+def test_extend_then_write_equals_append(dtype):
+    g = torch.Generator().manual_seed(0)
+    scales = dict(k_scale=0.5, v_scale=2.0) if dtype != torch.float32 else {}
+    a, b = _cache(dtype, **scales), _cache(dtype, **scales)
+    prompt = [torch.randn(1, n, 2, 8, generator=g) for n in (5, 8, 3)]
+    for c in (a, b):
+        ids = [c.add_sequence() for _ in prompt]
+        for layer in range(2):
+            for sid, x in zip(ids, prompt, strict=True):
+                c.append([sid], x, 2 * x, layer=layer)
+        ids.append(c.fork(ids[0]))  # shares request 0's partly filled last page: copy on write
+    for _ in range(6):  # steps; page boundaries crossed at different steps
+        k = torch.randn(4, 1, 2, 8, generator=g)
+        for layer in range(2):
+            a.append(ids, k + layer, 3 * k, layer=layer)
+        b.extend(ids, 1)
+        table, lens = b.batch(ids)
+        for layer in range(2):
+            b.write(layer, k + layer, 3 * k, table, lens - 1, torch.ones_like(lens))
+    for layer in range(2):
+        for sid in ids:
+            assert a.seq_len(sid, layer) == b.seq_len(sid, layer)
+            ta, tb = a.batch([sid], layer=layer)[0][0], b.batch([sid], layer=layer)[0][0]
+            n = a.seq_len(sid, layer)
+            ka = a.k_pages(layer)[ta].flatten(0, 1)[:n].float()
+            kb = b.k_pages(layer)[tb].flatten(0, 1)[:n].float()
+            assert torch.equal(ka, kb) and torch.equal(a.v_pages(layer)[ta].flatten(0, 1)[:n].float(),
+                                                       b.v_pages(layer)[tb].flatten(0, 1)[:n].float())
+    assert a.num_free_pages == b.num_free_pages
+    # the fork's writes never reached request 0's pages
+    assert a.pages(ids[0])[-1] != a.pages(ids[3])[1]
+
+
+def test_write_skips_rows_with_no_tokens():
+    c = _cache()
+    sid = c.add_sequence()
+    c.extend([sid], 3)
+    table, lens = c.batch([sid])
+    before = c.k_pages(0).clone()
+    c.write(0, torch.ones(1, 1, 2, 8), torch.ones(1, 1, 2, 8), table, lens - 1, torch.zeros_like(lens))
+    assert torch.equal(c.k_pages(0).nan_to_num(), before.nan_to_num())
+
+
+def test_extend_checks_and_changes_nothing_when_full():
+    c = _cache()
+    sid = c.add_sequence()
+    with pytest.raises(ValueError, match="num_tokens"):
+        c.extend([sid], -1)
+    with pytest.raises(CacheFullError):
+        c.extend([sid], 24 * 4 + 1)
+    assert c.seq_len(sid) == 0 and c.num_free_pages == 24
+    c.append([sid], torch.ones(1, 2, 2, 8), torch.ones(1, 2, 2, 8), layer=0)  # layer 1 not yet
+    with pytest.raises(ValueError, match="different lengths"):
+        c.extend([sid], 1)
+
+
+def test_buckets_and_widths():
+    assert [G.bucket_for(b) for b in (1, 3, 5, 9, 13, 17, 33, 256, 257)] == [1, 4, 8, 12, 16, 24, 48, 256, 320]
+    assert [G.width_for(p, 1000) for p in (1, 16, 17, 100)] == [16, 16, 32, 128]
+    assert G.width_for(100, 50) == 50
+
+
+def _fixed_shape(model, state):
+    state.graphs = G.GraphSteps(model, state, capture=False)  # what a GPU captures, run eagerly
+    return state
+
+
+def test_fixed_shape_steps_equal_transformers_fp32():
+    model = _model(tf)
+    ids, mask = _prompt()
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+    state, logits = hf.prefill(model, ids, mask, max_new_tokens=NEW)
+    _fixed_shape(model, state)
+    toks, seen = [], []
+    with hf.use_splitkv(model):
+        for _ in range(NEW):
+            seen.append(logits)
+            toks.append(logits.argmax(-1))
+            logits = hf.decode_step(model, state, toks[-1])
+    assert torch.equal(torch.stack(toks, 1), ref.sequences[:, S:])
+    assert (torch.stack(seen, 1) - torch.stack(ref.logits, 1)).abs().max() < 1e-4
+    assert set(state.graphs.steps) == {(2, 16)}  # B = 2: its own bucket, 16 pages/request
+    state.free()
+
+
+def test_engine_with_fixed_shape_steps_gives_solo_tokens():
+    model = _model(tf)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 128, (n,), generator=g) for n in (37, 300, 5, 130, 64)]
+    new = [10, 6, 12, 3, 9]
+    eng = E.Engine(model, num_pages=64, page_size=16, prefill_chunk=64)
+    _fixed_shape(model, eng._state)
+    rids = [eng.add_request(p, n, eos_token_id=None) for p, n in zip(prompts, new, strict=True)]
+    outs = eng.run()
+    for rid, p, n in zip(rids, prompts, new, strict=True):
+        assert outs[rid] == hf.generate(model, p[None], n, eos_token_id=None)[0, p.numel():].tolist(), rid
+    assert len({k[0] for k in eng._state.graphs.steps}) >= 3  # batches of 1..5 ran in several buckets
+    assert eng.cache.num_free_pages == eng.cache.num_pages
+
+
+def test_cuda_graph_must_be_a_bool():
+    model = _model(tf)
+    with pytest.raises(TypeError, match="cuda_graph"):
+        hf.generate(model, _prompt()[0][:1], 2, cuda_graph="yes")
+    with pytest.raises(TypeError, match="cuda_graph"):
+        E.Engine(model, num_pages=8, cuda_graph=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_gpu_graph_steps_replay_the_eager_step(kv_cache_dtype):
+    """50 steps, batch membership changing (requests leave), graphs vs the eager step on the same
+    tokens: logits within bf16 rounding of each other, every shape captured (no eager fallback)."""
+    model = _model(tf, torch.bfloat16, head_dim=128, device="cuda", layers=4, hq=32, hkv=8, hidden=1024,
+                   vocab=1000)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 1000, (6, 900), generator=g).cuda()
+    mask = torch.ones_like(ids)
+    for b in range(6):
+        mask[b, :100 * b] = 0  # prompts of 900 .. 400 tokens
+    kw = dict(max_new_tokens=60, page_size=16, kv_cache_dtype=kv_cache_dtype)
+    graph, logits = hf.prefill(model, ids, mask, **kw)
+    eager, _ = hf.prefill(model, ids, mask, cuda_graph=False, **kw)
+    assert graph.graphs is not None and eager.graphs is None
+    worst = 0.0
+    with hf.use_splitkv(model):
+        tok = logits.argmax(-1)
+        for step in range(50):
+            if step in (10, 25, 40):  # a request leaves: the batch shrinks into another bucket
+                for st in (graph, eager):
+                    st.cache.free(st.seq_ids.pop(1))
+                    st.positions = torch.cat((st.positions[:1], st.positions[2:]))
+                tok = torch.cat((tok[:1], tok[2:]))
+            a = hf.decode_step(model, graph, tok)
+            b = hf.decode_step(model, eager, tok)
+            worst = max(worst, float((a.float() - b.float()).abs().max() / b.float().abs().max()))
+            tok = b.argmax(-1)
+    steps = graph.graphs.steps
+    print(f"graph vs eager, {kv_cache_dtype}: max relative logit difference {worst:.2e}; shapes {sorted(steps)}")
+    assert all(io.graph is not None for io in steps.values()), "a shape fell back to eager"
+    assert len({k[0] for k in steps}) >= 3
+    assert worst < 2e-2
