@@ -84,11 +84,30 @@ def run_splitkv(model, a, B, ctx, device, graphs, kv_dtype):
     cache.extend(ids, ctx)
     state = hf.DecodeState(cache, ids, torch.full((B,), ctx, dtype=torch.long, device=device), "auto")
     hf.use_graphs(model, state, graphs)
+    tok = torch.zeros(B, dtype=torch.long, device=device)
     with hf.use_splitkv(model):
-        ms = _time(lambda t: hf.decode_step(model, state, t).argmax(-1), torch.zeros(B, dtype=torch.long,
-                                                                                     device=device), a, device)
+        ms = _time(lambda t: hf.decode_step(model, state, t).argmax(-1), tok, a, device)
+        # kernels inside a graph replay are not reported to the profiler: the eager row is profiled
+        # (same kernels; its host gaps are what the graph removes)
+        prof = None
+        if a.profile and not graphs and device.type == "cuda":
+            prof = kernel_profile(lambda t: hf.decode_step(model, state, t).argmax(-1), tok)
     state.free()
-    return ms
+    return ms, prof
+
+
+def kernel_profile(step, tok, n=3, top=12):
+    """Where a step's GPU time goes: [kernel, µs per step, launches per step], largest first, and
+    the total (torch.profiler over n steps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            tok = step(tok)
+        torch.cuda.synchronize()
+    rows = [(e.key[:90], getattr(e, "device_time_total", 0) / n, e.count / n) for e in prof.key_averages()]
+    rows = sorted((r for r in rows if r[1] > 0), key=lambda r: -r[1])
+    return {"total_us": sum(r[1] for r in rows), "kernels": rows[:top]}
 
 
 @torch.no_grad()
@@ -106,6 +125,8 @@ def run_transformers(model, a, B, ctx, device, kind):
         fwd = model.forward
     else:
         cache = transformers.StaticCache(config=model.config, max_cache_len=ctx + a.warmup + a.steps + 1)
+        if hasattr(cache, "early_initialization"):  # as generate does: allocated (and marked static) before compiling
+            cache.early_initialization(B, a.hkv, a.head_dim, getattr(torch, a.dtype), device)
         fwd = model.forward
         if kind == "static-compile":
             torch._dynamo.reset()
@@ -113,6 +134,8 @@ def run_transformers(model, a, B, ctx, device, kind):
     pos = [ctx]
 
     def step(tok):
+        if kind == "static-compile":
+            torch.compiler.cudagraph_mark_step_begin()
         p = torch.full((B, 1), pos[0], dtype=torch.long, device=device)
         kw = {key: cache, "position_ids": p, "use_cache": True, "logits_to_keep": 1}
         if kind != "dynamic":
@@ -164,6 +187,7 @@ def main(argv=None):
     ap.add_argument("--mlp", type=int, default=14336)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument("--profile", action="store_true", help="add splitkv-eager rows' top kernels (torch.profiler)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke settings (2 layers, 4/2 heads, D 64)")
     a = ap.parse_args(argv)
     a.batches = [int(x) for x in a.batches.split(",")]
@@ -184,15 +208,20 @@ def main(argv=None):
                 continue
             if prov.startswith("splitkv"):
                 kv_dtype = torch.float8_e4m3fn if prov.endswith("fp8") else getattr(torch, a.dtype)
-                ms = run_splitkv(model, a, B, ctx, device, prov != "splitkv-eager", kv_dtype)
+                ms, prof = run_splitkv(model, a, B, ctx, device, prov != "splitkv-eager", kv_dtype)
             else:
+                prof = None
                 ms = run_transformers(model, a, B, ctx, device, prov.removeprefix("transformers-").removeprefix("sdpa-"))
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             rows.append({"provider": prov, "batch": B, "context": ctx, "ms_per_step": ms,
                          "tokens_per_s": B / ms * 1e3, "floor_ms": fl, "x_floor": ms / fl})
-            print(json.dumps(rows[-1]), flush=True)
+            if prof:
+                rows[-1]["profile"] = prof
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
+            for name, us, calls in (prof or {}).get("kernels", []):
+                print(f"    {us:9.1f} us {calls:6.1f}x {name}")
     for B, ctx in cells(a):  # splitkv-graph's speed-up over the best transformers configuration of the cell
         cell = [r for r in rows if (r["batch"], r["context"]) == (B, ctx)]
         tf = [r["ms_per_step"] for r in cell if r["provider"].startswith("transformers")]
