@@ -1,5 +1,12 @@
 """The demo's model section: a random-weight Llama decoding a long context through PagedKVCache +
-splitkv (splitkv.integrations.hf), checked token by token against transformers' own generate.
+splitkv (splitkv.integrations.hf), next to transformers' own generate in the same run.
+
+What it prints: decode time per token apart from prefill (splitkv's CUDA-graph steps; transformers'
+generate with its default DynamicCache and with a StaticCache), and correctness measured the
+honest way for a random model, whose nearly flat logits make greedy tokens part at near-ties in
+bf16: both libraries are fed the same tokens (teacher forcing) and their logits are compared with
+an fp32 run of the same weights; splitkv passes when its error is at most 2x transformers' own bf16
+error. On the CPU (fp32) the greedy tokens must also be identical.
 
 GPU: 8 layers, hidden 4096, Hq 32 / Hkv 8, D 128, bf16, 32K-token prompt. CPU: 2 layers, hidden
 256, Hq 4 / Hkv 2, D 64, fp32, 512-token prompt (seconds). Skipped with a note when transformers
@@ -8,13 +15,11 @@ is not installed (from a checkout: `pip install -e ".[hf]"`).
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import time
 
 import torch
-from rich.markup import escape
-
-import splitkv
 
 
 def _model(device, layers, hidden, hq, hkv, head_dim, vocab, dtype, max_pos):
@@ -34,8 +39,65 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def _timed(fn, device):
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - t0
+
+
+def _tf_generate(model, ids, new, **kw):
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, eos_token_id=None, pad_token_id=0, **kw)
+
+
+def _tf_ms_per_token(model, ids, new, device, **kw) -> float:
+    """transformers' decode time per token: generate(new) - generate(1), over new - 1 tokens."""
+    _tf_generate(model, ids, 2, **kw)  # warm-up
+    _, t1 = _timed(lambda: _tf_generate(model, ids, 1, **kw), device)
+    _, tn = _timed(lambda: _tf_generate(model, ids, new, **kw), device)
+    return (tn - t1) / (new - 1) * 1e3
+
+
+@torch.no_grad()
+def _splitkv_teacher_forced(hf, model, ids, tokens, device):
+    """splitkv's logits [new, vocab] when fed `tokens` [new]; (logits, prefill s, ms per decode step
+    after the first, first step ms — it captures the CUDA graph)."""
+    (state, first), t_pre = _timed(lambda: hf.prefill(model, ids, max_new_tokens=tokens.numel()), device)
+    out = [first[0]]
+    try:
+        with hf.use_splitkv(model):
+            logits, t_first = _timed(lambda: hf.decode_step(model, state, tokens[:1]), device)
+            out.append(logits[0])
+            _sync(device)
+            t0 = time.perf_counter()
+            for k in range(1, tokens.numel() - 1):
+                out.append(hf.decode_step(model, state, tokens[k:k + 1])[0])
+            _sync(device)
+            t_rest = time.perf_counter() - t0
+    finally:
+        state.free()
+    return torch.stack(out), t_pre, t_rest / max(tokens.numel() - 2, 1) * 1e3, t_first * 1e3
+
+
+@torch.no_grad()
+def _fp32_logits(hf, model, ids, tokens, chunk=2048):
+    """The fp32 truth: the same weights in fp32, fed the prompt (in chunks: one 32K-token fp32
+    attention would need a 128 GB score matrix) and tokens[:-1]; logits [new, vocab]."""
+    import transformers
+
+    ref = copy.deepcopy(model).float()
+    kw = {hf._cache_kwarg(ref): transformers.DynamicCache(), "use_cache": True}
+    for a in range(0, ids.shape[1], chunk):
+        first = ref(input_ids=ids[:, a:a + chunk], logits_to_keep=1, **kw).logits[0]
+    rest = ref(input_ids=tokens[None, :-1], **kw).logits[0]
+    del ref
+    return torch.cat((first, rest))
+
+
 def run(console, device) -> bool:
-    """Print the model section; return whether splitkv's tokens match transformers' generate."""
+    """Print the model section; return whether splitkv passed its check."""
     if importlib.util.find_spec("transformers") is None:
         console.print("[yellow]model demo skipped: transformers is not installed "
                       "(from a checkout: pip install -e '.\\[hf]')[/]")
@@ -49,52 +111,38 @@ def run(console, device) -> bool:
     model = _model(device, layers, hidden, hq, hkv, D, 32000 if gpu else 256, dtype, prompt + new + 16)
     ids = torch.randint(3, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0)).to(device)
     with torch.no_grad():
-        # warm both paths first (kernel compiles, plans, allocator): the timings compare steady state
-        hf.generate(model, ids, 2, eos_token_id=None)
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False,
-                       eos_token_id=None, pad_token_id=0)
-        _sync(device)
-        t0 = time.perf_counter()
-        ours, our_logits = hf.generate(model, ids, new, eos_token_id=None, output_logits=True)
-        _sync(device)
-        t_ours = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                             eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-        _sync(device)
-        t_ref = time.perf_counter() - t0
-    ours, theirs = ours[0, prompt:], ref.sequences[0, prompt:]
-    same = int((ours == theirs).sum())
-    lens = torch.tensor([prompt + new - 1], dtype=torch.int32, device=device)
-    p = splitkv.plan(lens, hq, hkv, D, paged=True)  # as the HF decode plans it (auto, paged cache)
+        ref = _tf_generate(model, ids, new, output_logits=True, return_dict_in_generate=True)
+        tokens = ref.sequences[0, prompt:]
+        their_logits = torch.stack(ref.logits, 1)[0]
+        _splitkv_teacher_forced(hf, model, ids, tokens[:3], device)  # warm-up: kernel compiles
+        ours, t_pre, ms_ours, ms_first = _splitkv_teacher_forced(hf, model, ids, tokens, device)
+        ms_dyn = _tf_ms_per_token(model, ids, new, device)
+        ms_static = _tf_ms_per_token(model, ids, new, device, cache_implementation="static", disable_compile=True)
+        truth = _fp32_logits(hf, model, ids, tokens) if gpu else their_logits.float()
+    err_ours = float((ours.float() - truth).abs().max())
+    err_theirs = float((their_logits.float() - truth).abs().max())
     console.print(f"\n[bold]Random-weight Llama[/] ({layers} layers, hidden {hidden}, Hq {hq} / Hkv {hkv}, D {D}, "
-                  f"{str(dtype).replace('torch.', '')}) on a {prompt}-token prompt, {new} greedy tokens, "
-                  "every decode step through PagedKVCache + splitkv:")
-    console.print(f"  splitkv generate: {t_ours:.2f} s including prefill ({new / t_ours:.1f} tokens/s overall); "
-                  f"transformers generate: {t_ref:.2f} s (both timed after a warm-up generate)")
+                  f"{str(dtype).replace('torch.', '')}), {prompt}-token prompt, {new} new tokens:")
+    how = "CUDA-graph steps" if gpu else "eager steps"
+    best = min(ms_dyn, ms_static)
+    console.print(f"  decode, per token: splitkv ({how}) [bold]{ms_ours:.2f} ms[/] ({1e3 / ms_ours:.0f} tokens/s); "
+                  f"transformers generate: sdpa + DynamicCache {ms_dyn:.2f} ms, StaticCache {ms_static:.2f} ms "
+                  f"-> {best / ms_ours:.2f}x the faster one", highlight=False)
+    console.print(f"  prefill (the model's own attention, then K/V copied into the paged cache): {t_pre:.2f} s; "
+                  f"splitkv's first decode step {ms_first:.0f} ms" + (" (captures the graph)" if gpu else ""),
+                  highlight=False)
     if gpu:
-        console.print(f"  splits at the last step: {int(p.num_splits.tolist()[0])} per KV head "
-                      f"({escape(p.describe())})", highlight=False)
-    else:
-        console.print("  on the CPU each step runs one fused attention pass per request (no split)", highlight=False)
-    if same == new:
-        note = "" if gpu else " (fp32 on CPU: must be identical)"
-        console.print(f"  [green]{same}/{new} tokens identical to transformers' generate{note}[/]")
-        return True
-    tie = _near_tie(our_logits[0], torch.stack(ref.logits, 1)[0], ours, theirs)
-    console.print(f"  [yellow]{same}/{new} tokens identical to transformers' generate[/]: {tie[1]}")
-    return gpu and tie[0]  # fp32 on the CPU must match exactly
-
-
-def _near_tie(our_logits, ref_logits, ours, theirs):
-    """At the first differing token (same prefix before it, so the two logit rows are comparable):
-    (whether transformers' top-2 gap there is within splitkv's logit difference, the sentence)."""
-    k = int((ours != theirs).nonzero()[0])
-    top2 = ref_logits[k].float().topk(2).values
-    gap = float(top2[0] - top2[1])
-    diff = float((our_logits[k].float() - ref_logits[k].float()).abs().max())
-    tie = gap <= diff
-    what = ("a near-tie that low-precision rounding order decides, not an attention error" if tie
-            else "NOT a near-tie: check the attention output against splitkv.reference")
-    return tie, (f"they first differ at new token {k}, where transformers' own top-2 logits are {gap:.3g} apart "
-                 f"and splitkv's logits differ from transformers' by up to {diff:.3g}: {what}")
+        ok = err_ours <= 2 * err_theirs + 1e-2
+        mark = "[green]ok[/]" if ok else "[red]FAILED[/]"
+        console.print(f"  fed the same tokens, max |logit error| vs an fp32 run of the same weights: splitkv "
+                      f"{err_ours:.3g}, transformers (bf16) {err_theirs:.3g}, logits up to {float(truth.abs().max()):.3g}: "
+                      f"{mark} (must be <= 2x transformers')",
+                      highlight=False)
+        return ok
+    greedy = hf.generate(model, ids, new, eos_token_id=None)[0, prompt:]
+    same = int((greedy == tokens).sum())
+    ok = same == new and err_ours < 1e-3
+    mark = "[green]" if ok else "[red]"
+    console.print(f"  {mark}fp32: {same}/{new} greedy tokens identical to transformers' generate; logits fed the "
+                  f"same tokens differ by at most {err_ours:.2g}[/]", highlight=False)
+    return ok
