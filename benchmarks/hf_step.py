@@ -13,7 +13,8 @@ filled with random (splitkv) or zero (transformers) K/V of that length instead o
 every provider attends over exactly `context` keys per request and no prefill is paid.
 
 Providers: splitkv-graph / splitkv-eager (splitkv.integrations.hf decode_step with / without
-CUDA graphs), splitkv-graph-fp8 (an fp8 e4m3 paged cache); transformers-sdpa-dynamic (the default:
+CUDA graphs), splitkv-graph-fp8 (an fp8 e4m3 paged cache), splitkv-graph-compile (graphs whose
+norms and MLPs run through torch.compile: cuda_graph="compile"); transformers-sdpa-dynamic (the default:
 sdpa + DynamicCache), transformers-static (StaticCache, eager) and transformers-static-compile
 (StaticCache + torch.compile(mode="reduce-overhead", fullgraph=True): what generate(...,
 cache_implementation="static") runs; compiled only for the cells in --compile-cells, since
@@ -208,7 +209,8 @@ def main(argv=None):
                 continue
             if prov.startswith("splitkv"):
                 kv_dtype = torch.float8_e4m3fn if prov.endswith("fp8") else getattr(torch, a.dtype)
-                ms, prof = run_splitkv(model, a, B, ctx, device, prov != "splitkv-eager", kv_dtype)
+                graphs = {"splitkv-eager": False, "splitkv-graph-compile": "compile"}.get(prov, True)
+                ms, prof = run_splitkv(model, a, B, ctx, device, graphs, kv_dtype)
             else:
                 prof = None
                 ms = run_transformers(model, a, B, ctx, device, prov.removeprefix("transformers-").removeprefix("sdpa-"))

@@ -226,12 +226,37 @@ def plot_cost_model(path: str, *, worlds: Sequence[int] = (2, 4, 8, 16, 32, 64),
     plt.close(fig)
 
 
+def overhead(contexts: Sequence[int] = (131072, 524288), device: str = "cuda") -> list[dict]:
+    """The context-parallel path's own cost at world size 1 on one GPU (B=1, GQA 32/8, D 128, bf16,
+    contiguous cache, eager, L2 flushed): plain decode over L + 1 keys (the step's key already
+    cached) vs decode_context_parallel over L cached keys + the step's key passed as new_k / new_v."""
+    from triton.testing import do_bench
+
+    rows = []
+    for L in contexts:
+        g = torch.Generator(device).manual_seed(0)
+        k, v = (torch.randn(1, L + 1, 8, 128, generator=g, device=device, dtype=torch.bfloat16) for _ in range(2))
+        q = torch.randn(1, 1, 32, 128, generator=g, device=device, dtype=torch.bfloat16)
+        full, cached = (torch.tensor([n], dtype=torch.int32, device=device) for n in (L + 1, L))
+        nk, nv = k[:, L:L + 1], v[:, L:L + 1]
+        plain = do_bench(lambda: decode(q, k, v, full), return_mode="median")  # noqa: B023 - timed now
+        cp = do_bench(lambda: decode_context_parallel(q, k, v, cached, new_k=nk, new_v=nv),  # noqa: B023
+                      return_mode="median")
+        rows.append({"context": L, "plain_us": plain * 1e3, "cp_world1_us": cp * 1e3, "overhead": cp / plain - 1})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m splitkv.distributed",
                                  description="Print (and plot) the context-parallel cost model.")
     ap.add_argument("--plot", help="PNG path for the predicted speedup curves")
     ap.add_argument("--link-gbps", type=float, default=450.0, help="all-gather bandwidth per GPU, GB/s")
+    ap.add_argument("--overhead", action="store_true", help="measure the world-size-1 overhead on this GPU")
     a = ap.parse_args(argv)
+    if a.overhead:
+        for r in overhead():
+            print(f"context {r['context']}: plain decode {r['plain_us']:.1f} us, context-parallel at world 1 "
+                  f"{r['cp_world1_us']:.1f} us ({100 * r['overhead']:+.1f} %)")
     print(f"{'context':>9} " + " ".join(f"{w:>7}" for w in (2, 4, 8, 16)))
     for p in range(12, 21):
         c = 2 ** p

@@ -110,6 +110,30 @@ def test_fixed_shape_steps_equal_transformers_fp32():
     state.free()
 
 
+def test_compiled_norms_and_mlps_inside_the_step_equal_transformers_fp32():
+    from torch._dynamo.utils import counters
+
+    model = _model(tf)
+    ids, mask = _prompt()
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+    torch._dynamo.reset()
+    counters.clear()
+    state, logits = hf.prefill(model, ids, mask, max_new_tokens=8)
+    state.graphs = G.GraphSteps(model, state, capture=False, compile=True)
+    assert len(state.graphs.parts) == 3 * 2 + 1  # 2 layers x (2 norms + MLP) + the final norm
+    seen, toks = [], []
+    with hf.use_splitkv(model):
+        for _ in range(8):
+            seen.append(logits)
+            toks.append(logits.argmax(-1))
+            logits = hf.decode_step(model, state, toks[-1])
+    assert torch.equal(torch.stack(toks, 1), ref.sequences[:, S:])
+    assert (torch.stack(seen, 1) - torch.stack(ref.logits, 1)).abs().max() < 1e-4
+    assert counters["stats"]["unique_graphs"] == 2  # one per class (RMSNorm, MLP), shared by every instance
+    assert all("forward" not in m.__dict__ for m in model.modules())  # the model is left as it was
+
+
 def test_engine_with_fixed_shape_steps_gives_solo_tokens():
     model = _model(tf)
     g = torch.Generator().manual_seed(5)

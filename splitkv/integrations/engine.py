@@ -85,7 +85,7 @@ class Engine:
     (PagedKVCache). Not thread-safe."""
 
     def __init__(self, model, *, num_pages: int, page_size: int = 64, prefill_chunk: int = 2048,
-                 backend: str = "auto", kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, cuda_graph: bool = True):
+                 backend: str = "auto", kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, cuda_graph: bool | str = True):
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("prefill_chunk", prefill_chunk)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name}: expected a positive int, got {val!r}")

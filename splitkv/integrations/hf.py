@@ -257,11 +257,12 @@ def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_siz
     kv_cache_dtype: "auto" (the model's dtype), "fp8" / "fp8_e4m3" or "fp8_e5m2" (or the torch
     dtype): an fp8 cache, half the KV bytes of bf16, with per layer and KV head scales taken from
     the prompt (FP8_HEADROOM). cuda_graph: on a GPU, decode steps replay CUDA graphs of the whole
-    model step (hf_graph; ignored on a CPU and for the torch backend)."""
+    model step (hf_graph; ignored on a CPU and for the torch backend); "compile": graphs whose
+    norms and MLPs run through torch.compile (compiled at the first step of each batch bucket)."""
     if not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
-    if not isinstance(cuda_graph, bool):
-        raise TypeError(f"cuda_graph: expected a bool, got {cuda_graph!r}")
+    if not isinstance(cuda_graph, bool) and cuda_graph != "compile":
+        raise TypeError(f"cuda_graph: expected a bool or 'compile', got {cuda_graph!r}")
     model_dtype = next(model.parameters()).dtype
     cache_dtype = _kv_cache_dtype(kv_cache_dtype, model_dtype)
     transformers = _transformers()
@@ -303,15 +304,16 @@ def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_siz
     return state, logits
 
 
-def use_graphs(model, state: DecodeState, cuda_graph: bool) -> None:
+def use_graphs(model, state: DecodeState, cuda_graph: bool | str) -> None:
     """Route the state's decode steps through CUDA graphs when cuda_graph is true and they apply
-    (a CUDA cache, a GPU kernel backend)."""
-    if not isinstance(cuda_graph, bool):
-        raise TypeError(f"cuda_graph: expected a bool, got {cuda_graph!r}")
+    (a CUDA cache, a GPU kernel backend); cuda_graph="compile" also runs the model's norms and MLPs
+    through torch.compile inside the graphs (hf_graph)."""
+    if not isinstance(cuda_graph, bool) and cuda_graph != "compile":
+        raise TypeError(f"cuda_graph: expected a bool or 'compile', got {cuda_graph!r}")
     if cuda_graph and state.cache.device.type == "cuda" and state.backend != "torch":
         from .hf_graph import GraphSteps
 
-        state.graphs = GraphSteps(model, state)
+        state.graphs = GraphSteps(model, state, compile=cuda_graph == "compile")
 
 
 @torch.no_grad()

@@ -21,11 +21,18 @@ memory pool. Capture first runs the step eagerly on a side stream (Triton compil
 made, and that run's logits are the step's result); if capture then fails, the bucket runs the same
 fixed-shape step eagerly and the log says why. On a CPU the fixed-shape step always runs eagerly
 (the same code, which the CPU tests check against transformers' generate).
+
+compile=True: inside the captured step, every RMSNorm and every decoder layer's MLP runs through
+torch.compile (Inductor fuses a norm's ~6 kernels and the MLP's activation into one each; the
+GEMMs stay cuBLAS; no CUDA graphs of its own: ours capture the compiled kernels). The modules'
+forward is swapped only while a step body runs, so the user's model is untouched between steps and
+prefill never compiles. Off by default: see hf_step.py's results for what it gains.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 from dataclasses import dataclass, field
@@ -35,6 +42,36 @@ import torch
 log = logging.getLogger("splitkv")
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_WIDTH = 16  # pages per request of the narrowest graph
+COMPILE_BACKEND = "inductor"  # torch.compile backend of compile=True (the CPU tests use "eager")
+
+
+def compiled_parts(model) -> list:
+    """(module, compiled forward) for each RMSNorm and each decoder layer's MLP of the model: one
+    torch.compile of each class's forward, shared by all its instances."""
+    fns, parts = {}, []
+    for name, mod in model.named_modules():
+        cls = type(mod)
+        if cls.__name__.endswith("RMSNorm") or name.endswith(".mlp"):
+            if cls not in fns:
+                fns[cls] = torch.compile(cls.forward, backend=COMPILE_BACKEND)
+            parts.append((mod, functools.partial(fns[cls], mod)))
+    return parts
+
+
+@contextlib.contextmanager
+def swapped_forward(parts):
+    """Within the block each module's forward is its compiled one (restored on exit)."""
+    saved = [(mod, mod.__dict__.get("forward")) for mod, _ in parts]
+    for mod, fwd in parts:
+        mod.forward = fwd
+    try:
+        yield
+    finally:
+        for mod, old in saved:
+            if old is None:
+                del mod.forward
+            else:
+                mod.forward = old
 
 
 def bucket_for(batch: int) -> int:
@@ -67,11 +104,13 @@ class StepIO:
 
 class GraphSteps:
     """Fixed-shape (and, on CUDA, graph-captured) decode steps over one DecodeState's cache; see
-    the module doc. `capture=False` runs the same steps without graphs."""
+    the module doc. `capture=False` runs the same steps without graphs; `compile=True` runs the
+    norms and MLPs through torch.compile inside them."""
 
-    def __init__(self, model, state, *, capture: bool = True) -> None:
+    def __init__(self, model, state, *, capture: bool = True, compile: bool = False) -> None:
         self.model, self.state = model, state
         self.capture = capture and state.cache.device.type == "cuda"
+        self.parts = compiled_parts(model) if compile else []
         self.steps: dict[tuple[int, int], StepIO] = {}
         self.pool = None
         self._kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
@@ -120,8 +159,9 @@ class GraphSteps:
         st.refreshed.clear()
         token = hf._ACTIVE.set(st)
         try:
-            out = self.model(input_ids=io.tokens, position_ids=io.starts.long()[:, None], use_cache=False,
-                             **self._kw)
+            with swapped_forward(self.parts):
+                out = self.model(input_ids=io.tokens, position_ids=io.starts.long()[:, None], use_cache=False,
+                                 **self._kw)
         finally:
             hf._ACTIVE.reset(token)
             st.io = None
