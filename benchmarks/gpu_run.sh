@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests, demo, benchmarks; everything lands under $OUT.
-#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|cutlass|graphtune|variants|hf|all ...]
+#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|cutlass|graphtune|variants|hf|serve|all ...]
 #   BENCH_ARGS overrides the bench's suite/providers (default: $BENCH_DEFAULT below)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -30,6 +30,8 @@ if has variants; then  # attention variants and head dims next to plain decode a
   python -m splitkv bench --suite variants --providers splitkv-auto-noplan,splitkv-auto,splitkv-triton,flashinfer \
     --json "$OUT/variants.json" --markdown "$OUT/variants.md" 2>&1 | tee "$OUT/variants.log" | tail -60
 fi
+if [[ " $what " == *" serve "* ]]; then  # not in "all": the full trace runs for many minutes
+  python benchmarks/hf_serve.py --out "$OUT/hf_serve.json" --plot "$OUT" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve.log" | tail -8; fi
 if has hf; then python benchmarks/hf_step.py --out "$OUT/hf_step.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -45; fi
 # at most 8 files come back: up to 7 results (the JSON files, then bench.md) stay as they are,
 # everything else (logs, plots, env.txt) goes into one archive

@@ -399,13 +399,11 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
 # still 0.3-1.0% faster after cutlass took block_n 128 x 2 stages there (cutlass_tile; results/
 # 2026-11-29-h200-s3/bench_unsplit.md: B=64 GQA 32K 1881.5 vs 1887.2 us, B=16 MHA 32K 1888.6 vs
 # 1907.9), so the rule below keeps Triton there.
-# The demo's 1/32 greedy-token match with auto -> cutlass (2026-11-29, session 2) is a bf16 near-tie,
-# not an attention error (benchmarks/hf_backend_check.py, results/2026-11-29-h200-s3/): on that
-# model's own inputs, every layer and step, cutlass (fused, unfused, 1 split, dense) and Triton have
-# the same max error vs the fp64 reference (0.06-0.12 on |o| <= 57, bf16 rounding); the first
-# differing token is one where transformers' own top-2 logits are 0.25 apart (one bf16 step there)
-# while both backends' logits differ from transformers' by 0.78 (Triton) / 0.81 (cutlass). Teacher-
-# forced, 8 layers, 32K: max logit diff vs transformers 0.136 / 0.160 (B=1 / 4) vs Triton's 0.148 / 0.164.
+# Inside a random-weight bf16 Llama (8 layers, 32K prompt, 2026-11-29,
+# results/2026-11-29-h200-s3/hf_backend_check.json), on the model's own inputs at every layer and
+# step, cutlass (fused, unfused, 1 split, dense) and Triton have the same max error vs the fp64
+# reference (0.06-0.12 on |o| <= 57, bf16 rounding); teacher-forced logits differ from
+# transformers' by 0.136 / 0.160 (B=1 / 4) vs Triton's 0.148 / 0.164.
 AUTO_CUTLASS = True
 AUTO_CUTLASS_MIN_SPLITS = 2
 

@@ -1,0 +1,252 @@
+"""Continuous batching on one request trace: splitkv's Engine against transformers' own continuous
+batching (ContinuousBatchingManager, the engine behind `model.generate_batch`).
+
+    python benchmarks/hf_serve.py --out results/hf_serve.json --plot results/   # H200, Llama-3-8B shape
+    python benchmarks/hf_serve.py --out /tmp/serve.json --device cpu --tiny     # CPU smoke run
+
+Trace (seeded): --requests prompts of random tokens, lengths uniform in --prompt-range, each asking
+for a number of new tokens uniform in --output-range; greedy, no EOS, so every request runs to its
+length in both engines. Two arrival patterns: "burst" (all at t = 0) and "poisson" (exponential
+gaps at --rate requests/s). Both engines see the same requests at the same times; each is warmed up
+first on a few short requests (compilation, CUDA-graph capture of the small batch buckets).
+
+Per engine and pattern: output tokens/s (all output tokens / time from the first arrival to the
+last token), time to first token (first token - arrival) and time per output token ((last - first)
+/ (n - 1)) at p50 / p99, and output tokens/s over time in 1 s bins (--plot draws them). splitkv
+timestamps each token as its step returns; transformers' manager records them per token
+(record_timestamps) where the installed version can, else at the moment its result is read.
+Writes JSON (--out) and markdown (same path, .md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from splitkv.bench.report import _version, collect_meta
+from splitkv.integrations.engine import Engine
+
+
+def make_trace(a, vocab: int, pattern: str) -> list[dict]:
+    rng = random.Random(a.seed)
+    lo, hi = a.prompt_range
+    olo, ohi = a.output_range
+    t, out = 0.0, []
+    for i in range(a.requests):
+        if pattern == "poisson" and i:
+            t += rng.expovariate(a.rate)
+        n = rng.randint(lo, hi)
+        out.append({"arrival": t, "prompt": [rng.randrange(3, vocab) for _ in range(n)],
+                    "new": rng.randint(olo, ohi)})
+    return out
+
+
+def _due(trace, sent, now):
+    while sent < len(trace) and trace[sent]["arrival"] <= now:
+        yield sent
+        sent += 1
+
+
+class SplitkvServer:
+    """splitkv's Engine, made once (its CUDA graphs are kept across traces)."""
+
+    def __init__(self, model, a):
+        self.eng = Engine(model, num_pages=a.num_pages, page_size=a.page_size, prefill_chunk=a.prefill_chunk,
+                          cuda_graph=a.cuda_graph)
+
+    def close(self):
+        pass
+
+    def run(self, trace) -> list[list[float]]:
+        """Token timestamps (s from the trace's start) per request."""
+        return _run_splitkv(self.eng, trace)
+
+
+def _run_splitkv(eng, trace) -> list[list[float]]:
+    times: list[list[float]] = [[] for _ in trace]
+    index, sent = {}, 0
+    t0 = time.perf_counter()
+    while sent < len(trace) or eng.pending:
+        now = time.perf_counter() - t0
+        for i in _due(trace, sent, now):
+            r = trace[i]
+            index[eng.add_request(torch.tensor(r["prompt"]), r["new"], eos_token_id=None)] = i
+            sent = i + 1
+        if not eng.pending:
+            time.sleep(min(0.005, max(trace[sent]["arrival"] - now, 0.0)))
+            continue
+        for rid, _, _ in eng.step():
+            times[index[rid]].append(time.perf_counter() - t0)
+    return times
+
+
+class TransformersServer:
+    """transformers' ContinuousBatchingManager, started once and fed every trace."""
+
+    def __init__(self, model, a):
+        import transformers
+
+        gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=a.output_range[1], eos_token_id=None,
+                                           pad_token_id=0)
+        self.manager = model.init_continuous_batching(generation_config=gc)
+        self.manager.start()
+
+    def close(self):
+        self.manager.stop(block=True)
+
+    def run(self, trace) -> list[list[float]]:
+        return _run_transformers(self.manager, trace)
+
+
+def _run_transformers(manager, trace) -> list[list[float]]:
+    stamps = "record_timestamps" in inspect.signature(manager.add_request).parameters
+    tag = f"{time.monotonic_ns():x}"  # request ids unique across the traces one manager serves
+    times: list[list[float]] = [[] for _ in trace]
+    index, sent, done = {}, 0, 0
+    t0 = time.perf_counter()
+    while done < len(trace):
+        now = time.perf_counter() - t0
+        for i in _due(trace, sent, now):
+            r = trace[i]
+            kw = {"record_timestamps": True} if stamps else {"streaming": True}
+            rid = manager.add_request(r["prompt"], request_id=f"{tag}-{i}", max_new_tokens=r["new"], **kw)
+            index[rid or f"{tag}-{i}"] = i
+            sent = i + 1
+        res = manager.get_result(timeout=0.005)
+        if res is None:
+            continue
+        i = index[res.request_id]
+        if stamps and res.timestamps is not None:
+            times[i] = [s - t0 for s in res.timestamps]
+        else:
+            times[i] += [time.perf_counter() - t0] * (len(res.generated_tokens) - len(times[i]))
+        done += bool(res.is_finished())
+    return times
+
+
+def metrics(trace, times) -> dict:
+    ttft = [ts[0] - r["arrival"] for r, ts in zip(trace, times, strict=True) if ts]
+    tpot = [(ts[-1] - ts[0]) / (len(ts) - 1) for ts in times if len(ts) > 1]
+    end = max(t for ts in times for t in ts)
+    total = sum(len(ts) for ts in times)
+
+    def pct(xs, q):
+        return statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else xs[0]
+
+    bins = [0] * (int(end) + 1)
+    for ts in times:
+        for t in ts:
+            bins[int(t)] += 1
+    return {"output_tokens": total, "seconds": end, "tokens_per_s": total / end,
+            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "tpot_p50_ms": 1e3 * pct(tpot, 50),
+            "tpot_p99_ms": 1e3 * pct(tpot, 99), "tokens_per_s_per_second": bins,
+            "complete": all(len(ts) == r["new"] for r, ts in zip(trace, times, strict=True))}
+
+
+def plot(path: Path, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    patterns = sorted({r["pattern"] for r in rows})
+    fig, axes = plt.subplots(1, len(patterns), figsize=(6 * len(patterns), 4), squeeze=False)
+    for ax, pat in zip(axes[0], patterns, strict=True):
+        for r in rows:
+            if r["pattern"] == pat:
+                ax.plot(r["tokens_per_s_per_second"], label=f"{r['engine']} ({r['tokens_per_s']:.0f} tok/s)")
+        ax.set_title(f"{pat} arrivals")
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("output tokens/s")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path / "hf_serve.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    from hf_step import build_model  # the same random Llama
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON path (markdown goes next to it as .md)")
+    ap.add_argument("--plot", help="directory for hf_serve.png (tokens/s over time)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--engines", default="splitkv,transformers")
+    ap.add_argument("--patterns", default="burst,poisson")
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--prompt-range", default="1024:32768")
+    ap.add_argument("--output-range", default="64:512")
+    ap.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals, requests/s")
+    ap.add_argument("--num-pages", type=int, default=6144, help="splitkv's KV pool (pages of --page-size tokens)")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--prefill-chunk", type=int, default=4096)
+    ap.add_argument("--no-graph", dest="cuda_graph", action="store_false", help="splitkv without CUDA graphs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--hq", type=int, default=32)
+    ap.add_argument("--hkv", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--mlp", type=int, default=14336)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke settings (2 layers, fp32, 6 short requests)")
+    a = ap.parse_args(argv)
+    if a.tiny:
+        a.layers, a.hq, a.hkv, a.head_dim, a.hidden, a.mlp, a.vocab = 2, 4, 2, 64, 128, 256, 256
+        a.requests, a.prompt_range, a.output_range, a.rate, a.num_pages, a.page_size = 6, "16:64", "4:12", 20.0, 64, 16
+        a.dtype = "float32"
+    a.prompt_range = tuple(int(x) for x in a.prompt_range.split(":"))
+    a.output_range = tuple(int(x) for x in a.output_range.split(":"))
+    a.contexts, a.steps, a.warmup = [a.prompt_range[1] + a.output_range[1]], 0, 0  # for build_model
+    device = torch.device(a.device)
+    model = build_model(a, device)
+    servers = {"splitkv": SplitkvServer, "transformers": TransformersServer}
+    rows = []
+    for engine in a.engines.split(","):
+        server = servers[engine](model, a)
+        warm = argparse.Namespace(**{**vars(a), "requests": 8, "prompt_range": (8, 64), "output_range": (4, 8)})
+        server.run(make_trace(warm, a.vocab, "burst"))
+        for pattern in a.patterns.split(","):
+            trace = make_trace(a, a.vocab, pattern)
+            rows.append({"engine": engine, "pattern": pattern, **metrics(trace, server.run(trace))})
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens_per_s_per_second"}), flush=True)
+        server.close()
+        del server
+    meta = collect_meta(device, [], 0.0)
+    meta.pop("sol_tbps")
+    meta.pop("byte_model")
+    meta.update(command="python benchmarks/hf_serve.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                transformers=_version("transformers"))
+    config = {k: getattr(a, k) for k in ("requests", "prompt_range", "output_range", "rate", "num_pages", "page_size",
+                                         "prefill_chunk", "cuda_graph", "layers", "hidden", "vocab", "dtype")}
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"schema": "splitkv.hf_serve/1", "meta": meta, "config": config, "rows": rows}, indent=1))
+    lines = [f"# Continuous batching: splitkv Engine vs transformers ({meta['device']})", "",
+             f"`{meta['command']}` — {meta['date']}, torch {meta['torch']}, transformers {meta['transformers']}", "",
+             "Config: " + ", ".join(f"{k} {v}" for k, v in config.items()) + ".", "",
+             "| engine | arrivals | output tokens/s | TTFT p50 / p99 s | TPOT p50 / p99 ms | complete |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['engine']} | {r['pattern']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.2f} / "
+                     f"{r['ttft_p99_s']:.2f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | {r['complete']} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    if a.plot:
+        Path(a.plot).mkdir(parents=True, exist_ok=True)
+        plot(Path(a.plot), rows)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()
