@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from splitkv.bench.report import _version, collect_meta
 from splitkv.integrations.engine import Engine
 
 
@@ -174,7 +173,7 @@ def plot(path: Path, rows: list[dict]) -> None:
 
 
 def main(argv=None):
-    from hf_step import build_model  # the same random Llama
+    from hf_step import TINY, add_model_args, build_model, run_meta  # the same random Llama
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON path (markdown goes next to it as .md)")
@@ -191,18 +190,11 @@ def main(argv=None):
     ap.add_argument("--prefill-chunk", type=int, default=4096)
     ap.add_argument("--no-graph", dest="cuda_graph", action="store_false", help="splitkv without CUDA graphs")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--hq", type=int, default=32)
-    ap.add_argument("--hkv", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--mlp", type=int, default=14336)
-    ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    add_model_args(ap, ("bfloat16", "float16", "float32"))
     ap.add_argument("--tiny", action="store_true", help="CPU smoke settings (2 layers, fp32, 6 short requests)")
     a = ap.parse_args(argv)
     if a.tiny:
-        a.layers, a.hq, a.hkv, a.head_dim, a.hidden, a.mlp, a.vocab = 2, 4, 2, 64, 128, 256, 256
+        vars(a).update(TINY)
         a.requests, a.prompt_range, a.output_range, a.rate, a.num_pages, a.page_size = 6, "16:64", "4:12", 20.0, 64, 16
         a.dtype = "float32"
     a.prompt_range = tuple(int(x) for x in a.prompt_range.split(":"))
@@ -222,11 +214,7 @@ def main(argv=None):
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens_per_s_per_second"}), flush=True)
         server.close()
         del server
-    meta = collect_meta(device, [], 0.0)
-    meta.pop("sol_tbps")
-    meta.pop("byte_model")
-    meta.update(command="python benchmarks/hf_serve.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                transformers=_version("transformers"))
+    meta = run_meta(device, "hf_serve.py", argv)
     config = {k: getattr(a, k) for k in ("requests", "prompt_range", "output_range", "rate", "num_pages", "page_size",
                                          "prefill_chunk", "cuda_graph", "layers", "hidden", "vocab", "dtype")}
     out = Path(a.out)

@@ -157,6 +157,27 @@ def floor_ms(model, a, B, ctx) -> float:
     return (weights + kv) / (FLOOR_TBPS * 1e12) * 1e3
 
 
+TINY = dict(layers=2, hq=4, hkv=2, head_dim=64, hidden=128, mlp=256, vocab=256)  # --tiny: the CPU smoke model
+
+
+def add_model_args(ap, dtypes=("bfloat16", "float16")) -> None:
+    """The random Llama's shape (default: Llama-3-8B) and dtype."""
+    for name, val in (("--layers", 32), ("--hq", 32), ("--hkv", 8), ("--head-dim", 128), ("--hidden", 4096),
+                      ("--mlp", 14336), ("--vocab", 128256)):
+        ap.add_argument(name, type=int, default=val)
+    ap.add_argument("--dtype", default="bfloat16", choices=dtypes)
+
+
+def run_meta(device, script: str, argv) -> dict:
+    """The results' meta: machine, versions, the command that ran."""
+    meta = collect_meta(device, [], 0.0)
+    meta.pop("sol_tbps")
+    meta.pop("byte_model")
+    meta.update(command=f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv),
+                transformers=_version("transformers"))
+    return meta
+
+
 def cells(a):
     out = []
     for B in a.batches:
@@ -180,21 +201,14 @@ def main(argv=None):
                     help="BxCONTEXT cells where transformers-static-compile runs (each compiles for ~1 min)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=32)
-    ap.add_argument("--hq", type=int, default=32)
-    ap.add_argument("--hkv", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--mlp", type=int, default=14336)
-    ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    add_model_args(ap)
     ap.add_argument("--profile", action="store_true", help="add splitkv-eager rows' top kernels (torch.profiler)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke settings (2 layers, 4/2 heads, D 64)")
     a = ap.parse_args(argv)
     a.batches = [int(x) for x in a.batches.split(",")]
     a.contexts = [int(x) for x in a.contexts.split(",")]
     if a.tiny:
-        a.layers, a.hq, a.hkv, a.head_dim, a.hidden, a.mlp, a.vocab = 2, 4, 2, 64, 128, 256, 256
+        vars(a).update(TINY)
         a.batches, a.contexts, a.steps, a.warmup = [1, 2], [256], 3, 1
         a.compile_cells = ""
     device = torch.device(a.device)
@@ -230,11 +244,7 @@ def main(argv=None):
         for r in cell:
             if r["provider"].startswith("splitkv") and tf:
                 r["x_best_transformers"] = min(tf) / r["ms_per_step"]
-    meta = collect_meta(device, [], 0.0)
-    meta.pop("sol_tbps")
-    meta.pop("byte_model")
-    meta.update(command="python benchmarks/hf_step.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                transformers=_version("transformers"))
+    meta = run_meta(device, "hf_step.py", argv)
     config = {k: getattr(a, k) for k in ("layers", "hq", "hkv", "head_dim", "hidden", "mlp", "vocab", "dtype",
                                          "steps", "warmup")}
     out = Path(a.out)
