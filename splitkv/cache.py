@@ -113,7 +113,9 @@ class PagedKVCache:
     Block-table entries past a sequence's last page are 0 (a valid id; decode never reads them).
 
     backend (append): decode's rule; "triton" = the Triton kernel (CUDA, or CPU under
-    TRITON_INTERPRET=1), "torch" = append_torch. Not thread-safe; not CUDA-graph capturable.
+    TRITON_INTERPRET=1), "torch" = append_torch. Not thread-safe. append is not CUDA-graph
+    capturable (page bookkeeping on the host); a captured step counts its tokens with extend()
+    before the replay and writes them inside the graph with write().
 
     FP8 (dtype=torch.float8_e4m3fn or float8_e5m2): pages hold K / k_scale and V / v_scale,
     quantised in the append kernel (after RoPE, saturating), half the bytes of bf16 for decode

@@ -15,7 +15,8 @@ How a generation runs:
     layer's attention receives the new token's post-RoPE q, k, v, appends k, v to the paged cache
     and calls splitkv.decode over it. The model builds no mask for an implementation it does not
     know, and the paged cache holds no padding, so none is needed. The step's plan is made once,
-    at layer 0, from host-known lengths, and reused by every layer (no device->host read).
+    at layer 0, from host-known lengths, and reused by every layer (no device->host read). On a
+    GPU the whole step is captured as a CUDA graph per batch-size bucket and replayed (hf_graph).
 
 Positions follow transformers' generate for left padding: request b's real tokens sit at
 0 .. n_b - 1, its k-th new token at n_b + k. Greedy tokens match `model.generate(do_sample=False)`
@@ -134,9 +135,9 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
     if p is None or (p.batch, p.q_len, p.head_dim) != (B, Sq, D) or p.max_seqlen < bound:
         # sized for the table's capacity (no host read of the lengths), rebuilt only when it grows
         p = plans[vkey] = make_plan(seqlens, Hq, key.shape[1], D, q_len=Sq, num_splits=state.num_splits,
-                                          max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
-                                          backend=state.backend, paged=True, dtype=query.dtype,
-                                          kv_dtype=cache.dtype, **var)
+                                    max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
+                                    backend=state.backend, paged=True, dtype=query.dtype, kv_dtype=cache.dtype,
+                                    **var)
     elif vkey not in state.refreshed:  # once per step: the split table for these lengths, on the device
         p.refresh(seqlens)
     state.refreshed.add(vkey)
@@ -261,8 +262,7 @@ def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_siz
     norms and MLPs run through torch.compile (compiled at the first step of each batch bucket)."""
     if not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size: expected a positive int, got {page_size!r}")
-    if not isinstance(cuda_graph, bool) and cuda_graph != "compile":
-        raise TypeError(f"cuda_graph: expected a bool or 'compile', got {cuda_graph!r}")
+    _check_cuda_graph(cuda_graph)
     model_dtype = next(model.parameters()).dtype
     cache_dtype = _kv_cache_dtype(kv_cache_dtype, model_dtype)
     transformers = _transformers()
@@ -304,12 +304,16 @@ def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_siz
     return state, logits
 
 
+def _check_cuda_graph(cuda_graph) -> None:
+    if not isinstance(cuda_graph, bool) and cuda_graph != "compile":
+        raise TypeError(f"cuda_graph: expected a bool or 'compile', got {cuda_graph!r}")
+
+
 def use_graphs(model, state: DecodeState, cuda_graph: bool | str) -> None:
     """Route the state's decode steps through CUDA graphs when cuda_graph is true and they apply
     (a CUDA cache, a GPU kernel backend); cuda_graph="compile" also runs the model's norms and MLPs
     through torch.compile inside the graphs (hf_graph)."""
-    if not isinstance(cuda_graph, bool) and cuda_graph != "compile":
-        raise TypeError(f"cuda_graph: expected a bool or 'compile', got {cuda_graph!r}")
+    _check_cuda_graph(cuda_graph)
     if cuda_graph and state.cache.device.type == "cuda" and state.backend != "torch":
         from .hf_graph import GraphSteps
 
