@@ -24,6 +24,7 @@ _EXPORTS = {
     "merge_states": ("merge", "merge_states"),
     "merge_states_n": ("merge", "merge_states_n"),
     "cascade_decode": ("cascade", "cascade_decode"),
+    "group_prefix_decode": ("cascade", "group_prefix_decode"),
     "PagedKVCache": ("cache", "PagedKVCache"),
     "CacheFullError": ("cache", "CacheFullError"),
     "clear_plans": ("execute", "clear_plans"),

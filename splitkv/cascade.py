@@ -12,11 +12,16 @@ must therefore hold the Sq new tokens (suffix_seqlens >= Sq).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from .api import decode
 from .merge import merge_states
+
+if TYPE_CHECKING:
+    from .plan import DecodePlan
 
 
 def _prefix_as_request(prefix_k, prefix_v, prefix_len, prefix_block_table, device):
@@ -89,3 +94,35 @@ def cascade_decode(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_len: in
                         softmax_scale=softmax_scale, num_splits=num_splits, return_lse=True, backend=backend)
     o, lse = merge_states(o_s, lse_s, o_p, lse_p)
     return (o, lse) if return_lse else o
+
+
+def group_prefix_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tensor, members: Tensor,
+                        prefix_lens: Tensor, *, softmax_scale: float | None = None, plan: DecodePlan | None = None,
+                        backend: str = "auto", **variant: object) -> tuple[Tensor, Tensor]:
+    """Each request's attention state over the prompt prefix it shares with its group, each group's
+    prefix read once (cascade_decode for many groups at a time, e.g. the n samples of each of
+    several prompts in one paged batch).
+
+    q [B, Sq, Hq, D]; k_pages / v_pages a page pool [num_pages, page_size, Hkv, D] and block_table
+    int32 [B, W] the requests' page tables. Group g's members are the rows members[g] (int64
+    [Gn, n]; the value B marks an empty slot) and its prefix the first prefix_lens[g] keys (int32
+    [Gn], a whole number of pages) of its first member's row, which every member holds (forks of
+    one prompt). The members' queries are folded into the heads (cascade_decode's order: KV head,
+    member, group), so one decode over Gn requests reads each prefix once. Returns (o [B, Sq, Hq, D],
+    lse [B, Hq, Sq] fp32); a row in no group gets the empty state (0, -inf), so
+    merge_states(suffix state, this) is exact for every row. No host read: capturable."""
+    B, Sq, Hq, D = q.shape
+    Gn, n = members.shape
+    Hkv = k_pages.shape[-2]
+    G = Hq // Hkv
+    q_ext = torch.cat((q, q.new_zeros(1, Sq, Hq, D)))  # row B: the empty slots' query (its result is dropped)
+    qf = q_ext[members].reshape(Gn, n, Sq, Hkv, G, D).permute(0, 2, 3, 1, 4, 5).reshape(Gn, Sq, Hkv * n * G, D)
+    table = block_table.index_select(0, members[:, 0].clamp(max=B - 1))
+    o_f, lse_f = decode(qf, k_pages, v_pages, prefix_lens, block_table=table, causal=False,
+                        softmax_scale=softmax_scale, return_lse=True, plan=plan, backend=backend, **variant)
+    o_f = o_f.reshape(Gn, Sq, Hkv, n, G, D).permute(0, 3, 1, 2, 4, 5).reshape(Gn * n, Sq, Hq, D)
+    lse_f = lse_f.reshape(Gn, Hkv, n, G, Sq).permute(0, 2, 1, 3, 4).reshape(Gn * n, Hq, Sq)
+    idx = members.reshape(-1)
+    o = o_f.new_zeros(B + 1, Sq, Hq, D).index_copy_(0, idx, o_f)  # empty slots all land in row B
+    lse = lse_f.new_full((B + 1, Hq, Sq), float("-inf")).index_copy_(0, idx, lse_f)
+    return o[:B], lse[:B]

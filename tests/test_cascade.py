@@ -118,3 +118,43 @@ def test_gpu_cascade_bf16_many_requests():
     q, pk, pv, sk, sv, sl, fk, fv = _problem(B, Sq, Hq, Hkv, 128, P, lens, BF16, seed=7, device="cuda")
     o, lse = cascade_decode(q, pk, pv, P, sk, sv, sl, return_lse=True)
     _check(o, lse, q, fk, fv, sl.cpu() + P, 2e-2)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_group_prefix_decode_merged_with_the_suffix_equals_plain_decode(backend):
+    """Two groups of forks (3 samples of a 40-token prompt, 2 of a 23-token one) and a request in no
+    group, in one paged batch: the grouped prefix state merged with each row's suffix state equals
+    decode over each row's whole table (and the fp64 reference)."""
+    from splitkv import decode, group_prefix_decode, merge_states
+
+    ps, Hq, Hkv, D = 8, 8, 2, 32
+    g = torch.Generator().manual_seed(4)
+    cache = PagedKVCache(64, ps, Hkv, D, dtype=torch.float32 if backend == "torch" else BF16, device="cpu",
+                         backend="torch")
+    rows = []
+    for n, L in ((3, 40), (2, 23), (1, 17)):
+        lead = cache.add_sequence()
+        kv = torch.randn(2, 1, L, Hkv, D, generator=g)
+        cache.append([lead], kv[0], kv[1])
+        rows += [lead] + [cache.fork(lead) for _ in range(n - 1)]
+    for _ in range(5):  # every request appends its own tokens (copy on write of the shared partial page)
+        kv = torch.randn(2, len(rows), 1, Hkv, D, generator=g)
+        cache.append(rows, kv[0], kv[1])
+    table, lens = cache.batch(rows)
+    B = len(rows)
+    q = torch.randn(B, 1, Hq, D, generator=g).to(cache.dtype)
+    members = torch.tensor([[0, 1, 2], [3, 4, B], [B, B, B]])  # slot 2: empty
+    group_pages = torch.tensor([40 // ps, 23 // ps, 0], dtype=torch.int32)
+    row_pages = torch.tensor([5, 5, 5, 2, 2, 0], dtype=torch.int32)
+    o_p, lse_p = group_prefix_decode(q, cache.k_pages(), cache.v_pages(), table, members, group_pages * ps,
+                                     backend=backend)
+    cols = (row_pages.long()[:, None] + torch.arange(table.shape[1])).clamp(max=table.shape[1] - 1)
+    o_s, lse_s = decode(q, cache.k_pages(), cache.v_pages(), lens - row_pages * ps, block_table=table.gather(1, cols),
+                        return_lse=True, backend=backend)
+    o, lse = merge_states(o_s, lse_s, o_p, lse_p)
+    ref_o, ref_lse = decode(q, cache.k_pages(), cache.v_pages(), lens, block_table=table, return_lse=True,
+                            backend=backend)
+    tol = 1e-5 if backend == "torch" else 2e-2
+    assert (o.float() - ref_o.float()).abs().max() < tol
+    assert (lse - ref_lse).abs().max() < 1e-3
+    assert torch.isinf(lse_p[5]).all() and not o_p[5].any()  # the row in no group: the empty state

@@ -83,6 +83,7 @@ def test_extend_checks_and_changes_nothing_when_full():
 def test_buckets_and_widths():
     assert [G.bucket_for(b) for b in (1, 3, 5, 9, 13, 17, 33, 256, 257)] == [1, 4, 8, 12, 16, 24, 48, 256, 320]
     assert [G.width_for(p, 1000) for p in (1, 16, 17, 100)] == [16, 16, 32, 128]
+    assert [G.members_for(n) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
     assert G.width_for(100, 50) == 50
 
 
@@ -106,7 +107,7 @@ def test_fixed_shape_steps_equal_transformers_fp32():
             logits = hf.decode_step(model, state, toks[-1])
     assert torch.equal(torch.stack(toks, 1), ref.sequences[:, S:])
     assert (torch.stack(seen, 1) - torch.stack(ref.logits, 1)).abs().max() < 1e-4
-    assert set(state.graphs.steps) == {(2, 16)}  # B = 2: its own bucket, 16 pages/request
+    assert set(state.graphs.steps) == {(2, 16, 1)}  # B = 2: its own bucket, 16 pages/request, no groups
     state.free()
 
 
@@ -147,6 +148,28 @@ def test_engine_with_fixed_shape_steps_gives_solo_tokens():
         assert outs[rid] == hf.generate(model, p[None], n, eos_token_id=None)[0, p.numel():].tolist(), rid
     assert len({k[0] for k in eng._state.graphs.steps}) >= 3  # batches of 1..5 ran in several buckets
     assert eng.cache.num_free_pages == eng.cache.num_pages
+
+
+def test_engine_sharing_prompt_prefixes_gives_the_same_tokens():
+    """n samples of two prompts (and a request alone) with share_prefix: each group's prompt pages
+    attended once (group_prefix_decode) and merged with each sample's own keys give the tokens of
+    the engine that attends every sample's whole cache; greedy and seeded sampling."""
+    model = _model(tf)
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(3, 128, (n,), generator=g) for n in (37, 300, 50)]
+    outs = []
+    for share in (True, False):
+        eng = E.Engine(model, num_pages=96, page_size=16, prefill_chunk=128, share_prefix=share)
+        _fixed_shape(model, eng._state)
+        rids = [*eng.add_request(prompts[0], 9, eos_token_id=None, n=3),
+                *eng.add_request(prompts[1], 7, eos_token_id=None, n=2, temperature=0.8, seed=1),
+                eng.add_request(prompts[2], 6, eos_token_id=None)]
+        got = eng.run()
+        outs.append([got[r] for r in rids])
+        assert eng.cache.num_free_pages == eng.cache.num_pages
+        groups = {k[2] for k in eng._state.graphs.steps}
+        assert (max(groups) > 1) == share  # the grouped steps ran only when asked for
+    assert outs[0] == outs[1]
 
 
 def test_cuda_graph_must_be_a_bool():
@@ -232,3 +255,28 @@ def test_gpu_engine_with_graph_steps_matches_the_eager_engine():
     print(f"engine graph vs eager: {same}/{len(new)} requests with identical tokens")
     assert all(a[:8] == b[:8] for a, b in zip(*outs, strict=True))
     assert same >= len(new) - 1
+
+
+@pytest.mark.gpu
+def test_gpu_engine_sharing_prompt_prefixes_matches_the_plain_engine():
+    """On the GPU, with CUDA-graph steps: n samples of a long prompt with share_prefix (each group's
+    prompt pages read once) against the engine reading every sample's whole cache: the same first
+    tokens of every request (bf16 near-ties aside), grouped graphs captured, every page back."""
+    model = _model(tf, torch.bfloat16, head_dim=128, device="cuda", layers=4, hq=32, hkv=8, hidden=1024,
+                   vocab=1000)
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 1000, (n,), generator=g) for n in (3000, 700)]
+    outs = []
+    for share in (True, False):
+        eng = E.Engine(model, num_pages=1024, page_size=16, prefill_chunk=1024, share_prefix=share)
+        rids = [*eng.add_request(prompts[0], 24, eos_token_id=None, n=4),
+                *eng.add_request(prompts[1], 16, eos_token_id=None, n=3)]
+        got = eng.run()
+        outs.append([got[r] for r in rids])
+        assert eng.cache.num_free_pages == eng.cache.num_pages
+        steps = eng._state.graphs.steps
+        assert all(io.graph is not None for io in steps.values()), "a shape fell back to eager"
+        assert (max(k[2] for k in steps) > 1) == share
+    same = sum(a == b for a, b in zip(*outs, strict=True))
+    print(f"share_prefix vs plain engine: {same}/{len(outs[0])} requests with identical tokens")
+    assert all(a[:8] == b[:8] for a, b in zip(*outs, strict=True))

@@ -58,6 +58,7 @@ class _Request:
     generator: torch.Generator | None = None  # the request's own random stream (seeded)
     followers: list = field(default_factory=list)  # the other samples of its prompt (add_request n > 1)
     shared: int = 0  # a follower: the prompt's full pages it shares with its leader (not its own)
+    family: int | None = None  # n > 1 samples: the first sample's id, the same for all of them
 
     def pick(self, logits: torch.Tensor) -> int:
         """The next token from logits [vocab]: greedy, or sampled from softmax(logits / temperature)
@@ -79,13 +80,17 @@ class Engine:
     num_pages / page_size: the paged KV pool (every layer's K/V of one token share a slot);
     prefill_chunk: prompt tokens prefilled per step; backend, kv_cache_dtype, cuda_graph: as in
     hf.generate (on a GPU each decode step replays a CUDA graph of the whole model step, one per
-    batch-size bucket: hf_graph).
+    batch-size bucket: hf_graph). share_prefix=True: the decode steps attend the prompt prefix that
+    the n samples of a request share once for all of them (cascade.group_prefix_decode, merged
+    with each sample's own keys) instead of once per sample; with the fixed-shape / graph steps
+    only (a GPU), not yet measured there, so off by default.
     An fp8 pool's scales (k_scale, v_scale: a float, or float32 [num_layers, Hkv]) are fixed when
     it is made, before any prompt is seen: calibrate them offline for K/V with outlier channels
     (PagedKVCache). Not thread-safe."""
 
     def __init__(self, model, *, num_pages: int, page_size: int = 64, prefill_chunk: int = 2048,
-                 backend: str = "auto", kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, cuda_graph: bool | str = True):
+                 backend: str = "auto", kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0, cuda_graph: bool | str = True,
+                 share_prefix: bool = False):
         for name, val in (("num_pages", num_pages), ("page_size", page_size), ("prefill_chunk", prefill_chunk)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"{name}: expected a positive int, got {val!r}")
@@ -101,6 +106,9 @@ class Engine:
         self._state = hf.DecodeState(self.cache, [], torch.zeros(0, dtype=torch.long, device=self.device),
                                      hf.decode_backend(backend, model_dtype, self.device))
         hf.use_graphs(model, self._state, cuda_graph)
+        if not isinstance(share_prefix, bool):
+            raise TypeError(f"share_prefix: expected a bool, got {share_prefix!r}")
+        self.share_prefix = share_prefix
         self._queue: deque[_Request] = deque()
         self._prefilling: deque[_Request] = deque()
         self._active: list[_Request] = []
@@ -151,7 +159,7 @@ class Engine:
                 gen.manual_seed(seed + i) if seed is not None else gen.seed()
             group.append(_Request(self._next, ids, max_new_tokens, eos, pages if i == 0 else own,
                                   temperature=float(temperature), top_k=top_k, top_p=float(top_p), generator=gen,
-                                  shared=0 if i == 0 else S // ps))
+                                  shared=0 if i == 0 else S // ps, family=self._next - i if n > 1 else None))
             self._next += 1
         group[0].followers = group[1:]
         self._queue.append(group[0])
@@ -209,6 +217,7 @@ class Engine:
             self._state.seq_ids = [r.sid for r in decoding]
             self._state.positions = torch.tensor([r.position for r in decoding], dtype=torch.long,
                                                  device=self.device)
+            self._state.groups = self._groups(decoding) if self.share_prefix else None
             tokens = torch.tensor([r.last for r in decoding], dtype=torch.long, device=self.device)
             logits = hf.decode_step(self.model, self._state, tokens)
             greedy = logits.argmax(-1).tolist()
@@ -219,6 +228,17 @@ class Engine:
         if not self.pending:
             hf._set_attention(self.model, self._own)
         return emitted
+
+    def _groups(self, decoding: list[_Request]) -> list[tuple[list[int], int]]:
+        """(batch rows, shared pages) of the samples of one prompt decoding together: the prompt's
+        full pages, which fork shares and copy on write never touches."""
+        rows: dict[int, list[int]] = {}
+        for i, r in enumerate(decoding):
+            if r.family is not None:
+                rows.setdefault(r.family, []).append(i)
+        ps = self.cache.page_size
+        return [(rs, decoding[rs[0]].prompt.numel() // ps) for rs in rows.values()
+                if len(rs) > 1 and decoding[rs[0]].prompt.numel() >= ps]
 
     def _emit(self, req: _Request, tok: int) -> tuple[int, int, bool]:
         """Record req's new token; at its end, give its pages back to the pool."""

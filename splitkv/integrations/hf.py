@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -34,6 +35,8 @@ import torch
 
 from ..api import decode
 from ..cache import PagedKVCache
+from ..cascade import group_prefix_decode
+from ..merge import merge_states
 from ..plan import DecodePlan
 from ..plan import plan as make_plan
 from ..validate import HEAD_DIM_RULE, head_dim_ok
@@ -77,6 +80,9 @@ class DecodeState:
     # fixed-shape / CUDA-graph steps (hf_graph.GraphSteps): decode_step runs through them when set
     graphs: object = field(default=None, repr=False)
     io: object = field(default=None, repr=False)  # the StepIO of the fixed-shape step now running
+    # requests sharing a prompt prefix: [(batch rows, shared pages)] (Engine(share_prefix=True)); the
+    # fixed-shape steps then attend each group's prefix once (cascade.group_prefix_decode)
+    groups: list | None = None
 
     def free(self) -> None:
         for sid in self.seq_ids:
@@ -131,20 +137,39 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
     vkey = (var.get("window_size"), var.get("softcap"), "sinks" in var)
     if cache.dtype in FP8_DTYPES:  # the layer's scales (float32 [Hkv]); the plan needs only their form
         var.update(k_scale=cache.k_scale(layer), v_scale=cache.v_scale(layer))
-    p = plans.get(vkey)
-    if p is None or (p.batch, p.q_len, p.head_dim) != (B, Sq, D) or p.max_seqlen < bound:
-        # sized for the table's capacity (no host read of the lengths), rebuilt only when it grows
-        p = plans[vkey] = make_plan(seqlens, Hq, key.shape[1], D, q_len=Sq, num_splits=state.num_splits,
-                                    max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
-                                    backend=state.backend, paged=True, dtype=query.dtype, kv_dtype=cache.dtype,
-                                    **var)
-    elif vkey not in state.refreshed:  # once per step: the split table for these lengths, on the device
-        p.refresh(seqlens)
-    state.refreshed.add(vkey)
-    state.plan = p
-    o = decode(query.transpose(1, 2), cache.k_pages(layer), cache.v_pages(layer), seqlens,
-               block_table=block_table, softmax_scale=scaling, plan=p, backend=state.backend, **var)
+    q, kp, vp = query.transpose(1, 2), cache.k_pages(layer), cache.v_pages(layer)
+    plan = functools.partial(_step_plan, state, plans, Hkv=key.shape[1], D=D, Sq=Sq, bound=bound, dtype=query.dtype,
+                             kv_dtype=cache.dtype, var=var)
+    if io is not None and io.members is not None and "window_size" not in var and "sinks" not in var:
+        # shared prompt prefixes (hf_graph): each group's prefix once, each row's suffix, merged (a
+        # window or sinks would not split this way: the sink enters a row's softmax once)
+        p_s = plan(("suffix", *vkey), io.suffix_lens, Hq)
+        o_s, lse_s = decode(q, kp, vp, io.suffix_lens, block_table=io.suffix_table, softmax_scale=scaling, plan=p_s,
+                            backend=state.backend, return_lse=True, **var)
+        p_p = plan(("prefix", *vkey), io.prefix_lens, Hq * io.members.shape[1])
+        o_p, lse_p = group_prefix_decode(q, kp, vp, block_table, io.members, io.prefix_lens, softmax_scale=scaling,
+                                         plan=p_p, backend=state.backend, **var)
+        state.plan = p_s
+        return merge_states(o_s, lse_s, o_p, lse_p)[0], None
+    p = state.plan = plan(vkey, seqlens, Hq)
+    o = decode(q, kp, vp, seqlens, block_table=block_table, softmax_scale=scaling, plan=p, backend=state.backend,
+               **var)
     return o, None
+
+
+def _step_plan(state, plans, key, lens, Hq, *, Hkv, D, Sq, bound, dtype, kv_dtype, var) -> DecodePlan:
+    """The plan for `key` at these lengths: made once, sized for the table's capacity (no host read
+    of the lengths) and rebuilt only when that grows; its split table refreshed once per step."""
+    p = plans.get(key)
+    if p is None or (p.batch, p.num_q_heads, p.q_len, p.head_dim) != (lens.shape[0], Hq, Sq, D) \
+            or p.max_seqlen < bound:
+        p = plans[key] = make_plan(lens, Hq, Hkv, D, q_len=Sq, num_splits=state.num_splits,
+                                   max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
+                                   backend=state.backend, paged=True, dtype=dtype, kv_dtype=kv_dtype, **var)
+    elif key not in state.refreshed:  # once per step: the split table for these lengths, on the device
+        p.refresh(lens)
+    state.refreshed.add(key)
+    return p
 
 
 def register() -> str:

@@ -19,8 +19,14 @@ batch whose size changes every step replays a handful of graphs; the width (page
 doubles as requests grow, so long generations recapture O(log length) times. All graphs share one
 memory pool. Capture first runs the step eagerly on a side stream (Triton compiles, the plans are
 made, and that run's logits are the step's result); if capture then fails, the bucket runs the same
-fixed-shape step eagerly and the log says why. On a CPU the fixed-shape step always runs eagerly
-(the same code, which the CPU tests check against transformers' generate).
+fixed-shape step eagerly and the log says why. generate / Engine use these steps on CUDA only;
+GraphSteps(capture=False) runs the same fixed-shape step eagerly anywhere (what the CPU tests
+check against transformers' generate).
+
+Shared prompts (DecodeState.groups, set by Engine(share_prefix=True)): the step also gets each
+group's member rows and shared pages; the attention then reads each group's prefix pages once
+(cascade.group_prefix_decode, the members folded into the query heads) and every row's own suffix,
+and merges the two states. Graphs are then keyed by the member slots per group too.
 
 compile=True: inside the captured step, every RMSNorm and every decoder layer's MLP runs through
 torch.compile (Inductor fuses a norm's ~6 kernels and the MLP's activation into one each; the
@@ -85,6 +91,11 @@ def bucket_for(batch: int) -> int:
     return -(-batch // 64) * 64
 
 
+def members_for(largest_group: int) -> int:
+    """Member slots per group of the graph for groups of at most `largest_group` requests (1: none)."""
+    return 1 if largest_group < 2 else 1 << (largest_group - 1).bit_length()
+
+
 def width_for(pages: int, num_pages: int) -> int:
     """Block-table width of the graph for a batch whose longest request holds `pages` pages."""
     return min(num_pages, max(MIN_WIDTH, 1 << max(pages - 1, 0).bit_length()))
@@ -100,6 +111,14 @@ class StepIO:
     starts: torch.Tensor | None = None  # int32 [Bb]: the new token's position (set by the body)
     ntok: torch.Tensor | None = None  # int32 [Bb]: 1 for a request, 0 for padding
     logits: torch.Tensor | None = None  # [Bb, vocab]
+    # shared prompt prefixes (DecodeState.groups): group g's member rows (Bb = empty slot), its shared
+    # pages, and each row's shared pages; the body derives the suffix tables and lengths from them
+    members: torch.Tensor | None = None  # int64 [Bb, n]
+    group_pages: torch.Tensor | None = None  # int32 [Bb]
+    row_pages: torch.Tensor | None = None  # int32 [Bb]
+    prefix_lens: torch.Tensor | None = None
+    suffix_lens: torch.Tensor | None = None
+    suffix_table: torch.Tensor | None = None
     plans: dict = field(default_factory=dict)  # the attention's plans at this shape, one per variant
     graph: object = None  # torch.cuda.CUDAGraph once captured
     eager: bool = False  # capture failed (or no CUDA): run the body eagerly
@@ -126,7 +145,9 @@ class GraphSteps:
         B = len(st.seq_ids)
         cache.extend(st.seq_ids, 1)
         table, lens = cache.batch(st.seq_ids)
-        key = (bucket_for(B), width_for(table.shape[1], cache.num_pages))
+        groups = st.groups or []
+        key = (bucket_for(B), width_for(table.shape[1], cache.num_pages),
+               members_for(max((len(rows) for rows, _ in groups), default=1)))
         io = self.steps.get(key)
         if io is None:
             io = self.steps[key] = self._make(*key)
@@ -134,6 +155,8 @@ class GraphSteps:
         io.block_table[:B, :table.shape[1]].copy_(table)
         io.seqlens[:B].copy_(lens)
         io.seqlens[B:].zero_()
+        if io.members is not None:
+            self._fill_groups(io, groups)
         with hf.use_splitkv(self.model) if self.model.config._attn_implementation != hf.ATTN_NAME \
                 else contextlib.nullcontext():
             if io.graph is not None:
@@ -145,11 +168,32 @@ class GraphSteps:
         st.positions += 1
         return io.logits[:B].clone()
 
-    def _make(self, bucket: int, width: int) -> StepIO:
+    def _make(self, bucket: int, width: int, members: int) -> StepIO:
         dev = self.state.cache.device
-        return StepIO(tokens=torch.zeros(bucket, 1, dtype=torch.long, device=dev),
-                      block_table=torch.zeros(bucket, width, dtype=torch.int32, device=dev),
-                      seqlens=torch.zeros(bucket, dtype=torch.int32, device=dev))
+        io = StepIO(tokens=torch.zeros(bucket, 1, dtype=torch.long, device=dev),
+                    block_table=torch.zeros(bucket, width, dtype=torch.int32, device=dev),
+                    seqlens=torch.zeros(bucket, dtype=torch.int32, device=dev))
+        if members > 1:
+            io.members = torch.full((bucket, members), bucket, dtype=torch.long, device=dev)
+            io.group_pages = torch.zeros(bucket, dtype=torch.int32, device=dev)
+            io.row_pages = torch.zeros(bucket, dtype=torch.int32, device=dev)
+        return io
+
+    @staticmethod
+    def _fill_groups(io: StepIO, groups) -> None:
+        """The step's groups into io's buffers (one host->device copy)."""
+        Bb, n = io.members.shape
+        members = torch.full((Bb, n), Bb, dtype=torch.long)
+        group_pages = torch.zeros(Bb, dtype=torch.long)
+        row_pages = torch.zeros(Bb, dtype=torch.long)
+        for g, (rows, pages) in enumerate(groups):
+            members[g, :len(rows)] = torch.tensor(rows)
+            group_pages[g] = pages
+            row_pages[rows] = pages
+        flat = torch.cat((members.reshape(-1), group_pages, row_pages)).to(io.members.device)
+        io.members.copy_(flat[:Bb * n].view(Bb, n))
+        io.group_pages.copy_(flat[Bb * n:Bb * n + Bb])
+        io.row_pages.copy_(flat[Bb * n + Bb:])
 
     def _body(self, io: StepIO) -> None:
         """The step on io's buffers: what the graph records."""
@@ -157,6 +201,12 @@ class GraphSteps:
 
         io.starts = (io.seqlens - 1).clamp(min=0)
         io.ntok = (io.seqlens > 0).to(torch.int32)
+        if io.members is not None:  # each row's keys = its group's prefix pages, then its own suffix
+            ps, W = self.state.cache.page_size, io.block_table.shape[1]
+            cols = (io.row_pages.long()[:, None] + torch.arange(W, device=io.block_table.device)).clamp(max=W - 1)
+            io.suffix_table = io.block_table.gather(1, cols)
+            io.suffix_lens = io.seqlens - io.row_pages * ps
+            io.prefix_lens = io.group_pages * ps
         st = self.state
         st.io = io
         st.refreshed.clear()
@@ -191,4 +241,4 @@ class GraphSteps:
             return
         io.graph = graph
         self.pool = graph.pool()
-        log.info("splitkv: captured the decode step for batch %d, %d pages/request", *key)
+        log.info("splitkv: captured the decode step for batch %d, %d pages/request, %d-member groups", *key)
