@@ -411,3 +411,11 @@ def test_host_overhead_script_runs_and_reports_errors(tmp_path, capsys):
     assert res["[bogus] (all entries)"].startswith("skipped:")
     assert res["[peer] SDPA cuDNN"].startswith("skipped:")
     assert "HOST [torch] decode() no plan" in capsys.readouterr().out
+
+
+def test_cpu_suite_is_the_cpu_demo_shapes():
+    from splitkv import demo
+
+    want = {(B, Hq, Hkv, D, L) for B, Hq, Hkv, D, L, _, names in demo._cases(torch.device("cpu")) if names == ["torch"]}
+    got = [(s.batch, s.num_q_heads, s.num_kv_heads, s.head_dim, s.max_seqlen) for s in shapes.suite("cpu")]
+    assert set(got) == want and any(s.paged for s in shapes.suite("cpu"))

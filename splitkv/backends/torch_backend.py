@@ -10,7 +10,8 @@ Two paths, the same results to rounding (tests/test_torch_backend.py pins them t
   splitkv.debug.capture_partials, and for plans with a forced num_splits > 1.
 * `run_fast` — what a CPU call runs otherwise. On a CPU, splitting a request buys no parallelism
   (the attention op already spreads KV heads over the cores) and the padded grid, the gathers and
-  the fp32 upcast of K and V cost 2-7x SDPA's time (benchmarks/cpu_torch_backend.py). So the
+  the fp32 upcast of K and V cost 2-7x SDPA's time (`python -m splitkv bench --suite cpu --device cpu
+  --providers splitkv-torch-noplan,sdpa-flash` times the two). So the
   plan's split table is not used (no partials are written) and each request's keys go, in one pass and in
   their own dtype, through ATen's CPU flash-attention kernel
   (aten._scaled_dot_product_flash_attention_for_cpu, which returns the logsumexp too), with the

@@ -261,8 +261,15 @@ def quick_suite() -> list[Shape]:
     return out
 
 
+def cpu_suite() -> list[Shape]:
+    """The CPU demo's decode shapes (splitkv/demo.py): where the torch backend is compared with SDPA
+    on a CPU (`--device cpu --providers splitkv-torch-noplan,sdpa-flash`)."""
+    return [make_shape(1, 4096, 32, 8, 128, tags=("cpu",)), make_shape(1, 16384, 32, 8, 128, tags=("cpu",)),
+            make_shape(1, 16384, 32, 8, 128, page_size=16, tags=("cpu", "paged"))]
+
+
 SUITES = {"full": full_suite, "peers": peers_suite, "headline": headline_suite, "fp8": fp8_suite,
-          "variants": variants_suite, "quick": quick_suite}
+          "variants": variants_suite, "quick": quick_suite, "cpu": cpu_suite}
 
 # --num-splits sweep runs on these (globs): where the planner decides something (B x Hkv below the
 # SM count) and a wrong split count costs the most — small batch, GQA, long context.
