@@ -133,7 +133,7 @@ class GraphSteps:
         self.model, self.state = model, state
         self.capture = capture and state.cache.device.type == "cuda"
         self.parts = compiled_parts(model) if compile else []
-        self.steps: dict[tuple[int, int], StepIO] = {}
+        self.steps: dict[tuple[int, int, int], StepIO] = {}  # (batch bucket, pages/request, members/group)
         self.pool = None
         self._kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
