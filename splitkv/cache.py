@@ -55,6 +55,13 @@ class _Seq:
         return self._table
 
 
+def table_window(block_table: torch.Tensor, first: torch.Tensor, width: int) -> torch.Tensor:
+    """Columns first[i] .. first[i] + width - 1 of each row of block_table [N, W] (past the last
+    column: the last column's id, never read); on the device, no host read."""
+    cols = first.long()[:, None] + torch.arange(width, device=block_table.device)
+    return block_table.gather(1, cols.clamp(max=block_table.shape[1] - 1))
+
+
 def append_torch(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, *, neox=True, k_scale=None,
                  v_scale=None):
     """The append kernel's spec in PyTorch (same arguments as triton's append_kv): write k, v
@@ -332,8 +339,7 @@ class PagedKVCache:
         N, T = k.shape[:2]
         ps = self.page_size
         span = _cdiv(T, ps) + 1  # pages a run of T tokens from any offset can touch
-        cols = (starts.long() // ps)[:, None] + torch.arange(span, device=block_table.device)
-        pages = block_table.gather(1, cols.clamp(max=block_table.shape[1] - 1)).to(torch.int32)
+        pages = table_window(block_table, starts.long() // ps, span).to(torch.int32)
         scales = {} if self._scales is None else dict(k_scale=self._scales[0][layer], v_scale=self._scales[1][layer])
         self._append(self._k[layer], self._v[layer], k, v, pages, starts.to(torch.int32).contiguous(),
                      ntok.to(torch.int32).contiguous(), **scales)

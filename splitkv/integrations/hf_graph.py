@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..cache import table_window
+
 log = logging.getLogger("splitkv")
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 MIN_WIDTH = 16  # pages per request of the narrowest graph
@@ -203,8 +205,7 @@ class GraphSteps:
         io.ntok = (io.seqlens > 0).to(torch.int32)
         if io.members is not None:  # each row's keys = its group's prefix pages, then its own suffix
             ps, W = self.state.cache.page_size, io.block_table.shape[1]
-            cols = (io.row_pages.long()[:, None] + torch.arange(W, device=io.block_table.device)).clamp(max=W - 1)
-            io.suffix_table = io.block_table.gather(1, cols)
+            io.suffix_table = table_window(io.block_table, io.row_pages, W)
             io.suffix_lens = io.seqlens - io.row_pages * ps
             io.prefix_lens = io.group_pages * ps
         st = self.state
