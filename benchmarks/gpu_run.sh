@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests, demo, benchmarks; everything lands under $OUT.
-#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|cutlass|graphtune|variants|hf|serve|all ...]
+#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|variants|hf|serve|all ...]
 #   BENCH_ARGS overrides the bench's suite/providers (default: $BENCH_DEFAULT below)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,16 +16,23 @@ if has tests; then
   python -m pytest -m gpu ${GPU_TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider --durations=12 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 fi
 if has demo; then python -m splitkv demo 2>&1 | tee "$OUT/demo.log"; fi
-if has tune; then python benchmarks/triton_tune.py --out "$OUT" 2>&1 | tee "$OUT/tune.log" | grep -v '^ ' | tail -150; fi
+# tile sweep: each backend's planner tile vs forced (block_n x warps x stages) tiles, graph replay,
+# on split shapes (B=1 GQA 4K / 32K) and unsplit ones (B=16 MHA 4K / 32K, B=64 GQA 32K, paged 16)
+TUNE_DEFAULT="b1-l4k-h32x8-d128,b1-l32k-h32x8-d128,b16-l4k-h32x32-d128,b16-l32k-h32x32-d128,b64-l32k-h32x8-d128,b16-l32k-h32x32-d128-paged16"
+if has tune; then
+  python -m splitkv bench --suite headline --providers splitkv-triton,splitkv-cutlass --sweep-tiles ${TILES:-} \
+    --sweep-only --sweep-shapes "${TUNE_SHAPES:-$TUNE_DEFAULT}" --reps ${TUNE_REPS:-10} \
+    --json "$OUT/tiles.json" --markdown "$OUT/tiles.md" 2>&1 | tee "$OUT/tune.log" | tail -40
+fi
 # default bench: every PEERS.md shape + the ragged B=16 1K..128K paged batch; splitkv as a user calls it
 # (no plan, eager), with a reused plan (eager) and under CUDA-graph replay, next to the peers, in one run
 BENCH_DEFAULT="--suite headline --providers splitkv-auto-noplan,splitkv-auto,sdpa-cudnn,sdpa-flash,flashinfer"
 if has bench; then
   python -m splitkv bench ${BENCH_ARGS:-$BENCH_DEFAULT} --json "$OUT/bench.json" --markdown "$OUT/bench.md" --plot "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -80
 fi
-if has cutlass; then python benchmarks/gpu_cutlass.py --out "$OUT" ${CUTLASS_ARGS:-} 2>&1 | tee "$OUT/cutlass.log" | tail -60; fi
-if has host; then python benchmarks/host_overhead.py --out "$OUT" 2>&1 | tee "$OUT/host.log" | tail -50; fi
-if has graphtune; then python benchmarks/triton_tune.py --graph-only --out "$OUT" 2>&1 | tee "$OUT/graphtune.log" | grep GRAPH; fi
+if has host; then
+  python -m splitkv bench --host-breakdown --json "$OUT/host.json" --markdown "$OUT/host.md" 2>&1 | tee "$OUT/host.log" | tail -40
+fi
 if has variants; then  # attention variants and head dims next to plain decode and FlashInfer
   python -m splitkv bench --suite variants --providers splitkv-auto-noplan,splitkv-auto,splitkv-triton,flashinfer \
     --json "$OUT/variants.json" --markdown "$OUT/variants.md" 2>&1 | tee "$OUT/variants.log" | tail -60

@@ -49,7 +49,16 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sweep-range", help="num_splits range LO:HI for the sweep (default 1:64; quick 1:8)")
     ap.add_argument("--sweep-shapes",
                     help="globs of shapes to sweep (default: a built-in subset of the suite)")
-    ap.add_argument("--sweep-only", action="store_true", help="with --num-splits sweep: skip the main table")
+    ap.add_argument("--sweep-tiles", nargs="?", const="default", metavar="TILES",
+                    help="time the planner's kernel tile against forced BLOCK_NxWARPSxSTAGES tiles, e.g. "
+                         "64x4x3,128x4x2 (no value: each backend's default list), on the sweep shapes")
+    ap.add_argument("--sweep-only", action="store_true",
+                    help="with --num-splits sweep or --sweep-tiles: skip the main table")
+    ap.add_argument("--host-breakdown", action="store_true",
+                    help="instead of the table: host µs per call of each decode entry point and stage (plan or "
+                         "not, out=, return_lse, bound launch, signature lookup) next to SDPA, on --host-shape")
+    ap.add_argument("--host-shape", default="1,4096,32,8,128", metavar="B,L,Hq,Hkv,D",
+                    help="the --host-breakdown problem (default 1,4096,32,8,128: B=1 GQA 32/8 4K, host-bound)")
     ap.add_argument("--explain", action="store_true",
                     help="print each splitkv row's plan (DecodePlan.describe())")
     ap.add_argument("--json", metavar="PATH", help="write rows + metadata as JSON")

@@ -19,6 +19,8 @@ with a ragged re-plan (BALANCE) keeps every CTA inside one request with max/mean
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, replace
 
 import torch
@@ -98,6 +100,33 @@ def cdiv(a, b):
     return -(-a // b)
 
 
+# A tile forced by `tile_override` (the bench's tile sweep, `python -m splitkv bench --sweep-tiles`):
+# dict of block_n / num_warps / num_stages, or None (the rules below decide).
+_TILE_OVERRIDE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("splitkv_tile_override", default=None)
+
+
+@contextlib.contextmanager
+def tile_override(block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+    """Plans built inside this context take these tile fields instead of the rules' (None keeps the
+    rule's). For tuning measurements only: the split rule sizes its chunks with the forced block_n,
+    so the plan stays consistent; block_m always follows the group size."""
+    forced = {k: v for k, v in dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages).items()
+              if v is not None}
+    for k, v in forced.items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"tile_override: {k} must be an int >= 1, got {v!r}")
+    token = _TILE_OVERRIDE.set(forced or None)
+    try:
+        yield
+    finally:
+        _TILE_OVERRIDE.reset(token)
+
+
+def _overridden(tile: TileConfig) -> TileConfig:
+    forced = _TILE_OVERRIDE.get()
+    return replace(tile, **forced) if forced else tile
+
+
 def tile_config(head_dim: int, rows: int, splitting: bool = True, kv_fp8: bool = False) -> TileConfig:
     """Tile shape for `rows` packed query rows (qhead_per_kvhead * q_len) at `head_dim`.
 
@@ -117,12 +146,14 @@ def tile_config(head_dim: int, rows: int, splitting: bool = True, kv_fp8: bool =
     """
     block_m = min(max(_next_pow2(rows), MIN_BLOCK_M), MAX_BLOCK_M)
     if _next_pow2(head_dim) >= 256:  # Triton pads D to a power of 2 (D 136..256 -> 256)
-        return TileConfig(block_m, 32, 8, 2)
-    if kv_fp8:
-        return TileConfig(block_m, 128, 4, 3)
-    if splitting:
-        return TileConfig(block_m, 64, 4, 3)
-    return TileConfig(block_m, 128, 4, 3)
+        tile = TileConfig(block_m, 32, 8, 2)
+    elif kv_fp8:
+        tile = TileConfig(block_m, 128, 4, 3)
+    elif splitting:
+        tile = TileConfig(block_m, 64, 4, 3)
+    else:
+        tile = TileConfig(block_m, 128, 4, 3)
+    return _overridden(tile)
 
 
 # Extra software-pipeline stages for a paged cache. Triton's pipeliner schedules the block-table
@@ -383,10 +414,13 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
     B=16 MHA 32K took 1992 us vs Triton's 1886 in the same run (n64 s3: 1926 vs 1918 earlier).
     """
     if head_dim == 64:
-        return 128, 3
-    if head_dim == 128:
-        return (64, 3) if splitting or paged else (128, 2)
-    return 64, 2
+        block_n, stages = 128, 3
+    elif head_dim == 128:
+        block_n, stages = (64, 3) if splitting or paged else (128, 2)
+    else:
+        block_n, stages = 64, 2
+    forced = _TILE_OVERRIDE.get() or {}
+    return forced.get("block_n", block_n), forced.get("num_stages", stages)
 
 
 # backend="auto" on sm90 with the CuTe DSL installed: cutlass for plans that split, Triton for plans

@@ -1,8 +1,7 @@
 """splitkv.bench on the CPU: schema, byte model, error columns, n/a rows, plots, sweep, provider
-modes (plan reused / no plan), host column, the headline suite gpu_run.sh runs, host_overhead.py.
+modes (plan reused / no plan), host column, the headline suite gpu_run.sh runs, the host breakdown, the tile sweep.
 No timing assertions (CPU times say nothing about the GPU)."""
 
-import importlib.util
 import json
 import math
 import re
@@ -394,16 +393,17 @@ def test_gpu_run_bench_command_selects_the_headline_suite(capsys):
     assert "splitkv-auto-noplan" in listed
 
 
-def test_host_overhead_script_runs_and_reports_errors(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("host_overhead", ROOT / "benchmarks" / "host_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    rc = mod.main(["--device", "cpu", "--shape", "1,64,2,1,64", "--calls", "2", "--backends", "torch,bogus",
-                   "--out", str(tmp_path)])
+def test_host_breakdown_runs_and_reports_errors(tmp_path, capsys):
+    from splitkv.bench import host
+
+    rc = cli.main(["--host-breakdown", "--device", "cpu", "--host-shape", "1,64,2,1,64", "--reps", "2",
+                   "--backends", "torch,bogus", "--json", str(tmp_path / "host.json"),
+                   "--markdown", str(tmp_path / "host.md")])
     assert rc == 0
-    doc = json.loads((tmp_path / "host_overhead.json").read_text())
+    doc = json.loads((tmp_path / "host.json").read_text())
     res = doc["results"]
-    assert doc["schema"] == mod.SCHEMA and doc["meta"]["shape"]["L"] == 64
+    assert doc["schema"] == host.SCHEMA and doc["meta"]["shape"]["L"] == 64
+    assert doc["meta"]["command"].startswith("python -m splitkv bench --host-breakdown")
     for key in ("[torch] decode() no plan", "[torch] decode(plan=p)", "[torch] decode(out=) no plan",
                 "[torch] decode(plan=p, out=, return_lse=True)", "[stage] validate.check_keyed (signature lookup)",
                 "[stage] torch.empty_like(q)", "[peer] SDPA flash"):
@@ -411,6 +411,9 @@ def test_host_overhead_script_runs_and_reports_errors(tmp_path, capsys):
     assert res["[bogus] (all entries)"].startswith("skipped:")
     assert res["[peer] SDPA cuDNN"].startswith("skipped:")
     assert "HOST [torch] decode() no plan" in capsys.readouterr().out
+    assert "| [torch] decode(plan=p) |" in (tmp_path / "host.md").read_text()
+    with pytest.raises(SystemExit, match="--host-shape"):
+        cli.main(["--host-breakdown", "--device", "cpu", "--host-shape", "1,64,3,2,64"])
 
 
 def test_cpu_suite_is_the_cpu_demo_shapes():
@@ -419,3 +422,45 @@ def test_cpu_suite_is_the_cpu_demo_shapes():
     want = {(B, Hq, Hkv, D, L) for B, Hq, Hkv, D, L, _, names in demo._cases(torch.device("cpu")) if names == ["torch"]}
     got = [(s.batch, s.num_q_heads, s.num_kv_heads, s.head_dim, s.max_seqlen) for s in shapes.suite("cpu")]
     assert set(got) == want and any(s.paged for s in shapes.suite("cpu"))
+
+
+def test_tile_sweep_forces_each_tile_and_reports_it(tmp_path, monkeypatch):
+    """--sweep-tiles: one plan per forced tile (heuristics.tile_override), each timed; the markdown
+    carries the table and the command; a bad tile list is a clear error naming the flag."""
+    from splitkv.bench import sweep as sweep_mod
+
+    launched = []
+    real_time = sweep_mod._Timer.time
+
+    def spy(self, p):
+        launched.append((p.tile.block_n, p.tile.num_warps, p.tile.num_stages, p.rule.block_n))
+        return real_time(self, p)
+
+    monkeypatch.setattr(sweep_mod._Timer, "time", spy)
+    md = tmp_path / "t.md"
+    rc = cli.main(["--quick", "--device", "cpu", "--no-progress", "--providers", "splitkv-torch", "--shapes",
+                   "b1-l1k*", "--sweep-tiles", "32x2x2,128x8x4", "--sweep-only", "--reps", "1",
+                   "--markdown", str(md), "--json", str(tmp_path / "t.json")])
+    assert rc == 0
+    assert launched[1:] == [(32, 2, 2, 32), (128, 8, 4, 128)]  # the split rule sizes chunks with the forced block_n
+    (row,) = json.loads((tmp_path / "t.json").read_text())["sweep"]
+    assert row["sweep"] == "tiles" and [c["tile"] for c in row["curve"]] == ["32x2x2", "128x8x4"]
+    text = md.read_text()
+    assert "## Tile sweep" in text and "--sweep-tiles 32x2x2,128x8x4" in text
+    with pytest.raises(SystemExit, match="--sweep-tiles"):
+        cli.main(["--quick", "--device", "cpu", "--no-progress", "--providers", "splitkv-torch",
+                  "--sweep-tiles", "64x4", "--sweep-only"])
+
+
+def test_tile_override_is_scoped_and_checked():
+    from splitkv import heuristics as H
+
+    base = H.tile_config(128, 4)
+    with H.tile_override(block_n=32, num_stages=5):
+        t = H.tile_config(128, 4)
+        assert (t.block_n, t.num_warps, t.num_stages) == (32, base.num_warps, 5)
+        assert H.cutlass_tile(128, True, False) == (32, 5)
+    assert H.tile_config(128, 4) == base and H.cutlass_tile(128, True, False) == (64, 3)
+    with pytest.raises(ValueError, match="block_n"):
+        with H.tile_override(block_n=0):
+            pass

@@ -205,6 +205,74 @@ def test_merge_kernel_merges_more_splits_than_a_warp_has_lanes(splits):
         assert (lse[b].double() - torch.logsumexp(lp[: int(n[b]), b].double(), 0)).abs().max().item() < 1e-4
 
 
+@pytest.mark.gpu
+@needs_dsl
+@pytest.mark.parametrize("part_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", config.HEAD_DIMS)
+def test_merge_kernel_takes_low_precision_partials(part_dtype, out_dtype, D):
+    """Partials in fp16 / bf16 (merge_states users) as well as our fp32 ones: within one rounding of
+    the output dtype of the fp64 merge; dead splits (lse -inf, o NaN) never leak; a row with no key
+    gives o = 0, lse = -inf."""
+    from splitkv.backends.cutlass import launch
+
+    S, B, H, T = 37, 3, 4, 2
+    g = torch.Generator(device="cuda").manual_seed(D)
+    o_part = torch.randn(S, B, H, T, D, device="cuda", generator=g).to(part_dtype)
+    lse_part = torch.randn(S, B, H, T, device="cuda", generator=g) * 3
+    n = torch.tensor([37, 1, 5], dtype=torch.int32, device="cuda")
+    lse_part[2:, 2] = -math.inf  # request 2: only splits 0, 1 live ...
+    o_part[2:, 2] = float("nan")  # ... its dead partials hold NaN
+    lse_part[:, 1, 0] = -math.inf  # request 1, head 0: no key at all
+    out = torch.full((B, T, H, D), float("nan"), dtype=out_dtype, device="cuda")
+    lse = torch.empty(B, H, T, device="cuda")
+    launch.merge(o_part, lse_part, n, out, lse)
+    live = torch.arange(S, device="cuda")[:, None] < n[None, :]
+    lp = lse_part.double().masked_fill(~live[:, :, None, None], -math.inf)
+    m = lp.amax(0)
+    w = torch.exp(lp - torch.where(torch.isinf(m), 0.0, m))
+    den = w.sum(0)
+    num = torch.where(w[..., None] > 0, w[..., None] * o_part.double(), 0.0).sum(0)
+    ref_o = torch.where(den[..., None] > 0, num / den.clamp_min(1e-300)[..., None], 0.0).permute(0, 2, 1, 3)
+    ref_lse = torch.where(den > 0, torch.where(torch.isinf(m), 0.0, m) + torch.log(den), -math.inf)
+    assert not torch.isnan(out).any()
+    tol = 2.0 ** -7 * float(ref_o.abs().max()) + 1e-4  # one bf16 rounding of the output
+    assert (out.double() - ref_o).abs().max().item() <= tol
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin) and torch.all(lse[~fin] == -math.inf)
+    assert (lse.double()[fin] - ref_lse[fin]).abs().max().item() < 1e-4
+    assert torch.all(out[1, :, 0] == 0)
+
+
+_FRESH_PROCESS = """
+import torch, splitkv
+from splitkv.backends.cutlass.cache import CACHE
+q = torch.randn(2, 1, 32, 128, device='cuda', dtype=torch.bfloat16)
+k = torch.randn(2, 5000, 8, 128, device='cuda', dtype=torch.bfloat16)
+lens = torch.tensor([5000, 77], dtype=torch.int32, device='cuda')
+o = splitkv.decode(q, k, k, lens, backend='cutlass', num_splits=3)
+ref = splitkv.decode(q, k, k, lens, backend='torch')
+torch.cuda.synchronize()
+print('compiled', CACHE.stats['compiled'], 'err', float((o.float() - ref.float()).abs().max()))
+"""
+
+
+@pytest.mark.gpu
+@needs_dsl
+def test_a_fresh_process_loads_kernels_from_the_disk_cache(tmp_path):
+    """Kernels compiled once are loaded from SPLITKV_CACHE_DIR by later processes: the second
+    process compiles nothing and decodes correctly."""
+    env = {**os.environ, "SPLITKV_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=600,
+                           env=env) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    first, second = (r.stdout.split() for r in runs)
+    assert int(first[first.index("compiled") + 1]) > 0  # the first process compiled into the empty cache
+    assert int(second[second.index("compiled") + 1]) == 0, runs[1].stdout
+    assert float(second[second.index("err") + 1]) < 2e-2
+
+
 def _record_launches(monkeypatch, kernel_cls, launcher: str):
     """Replace launch.<launcher> by a recorder: (dict argument name -> value + 'key', the names)."""
     import inspect

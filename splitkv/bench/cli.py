@@ -12,7 +12,7 @@ import torch
 
 from ..cli_args import bench_parser as build_parser
 from . import registry, report, runner, shapes
-from .sweep import parse_range, run_sweep
+from .sweep import parse_range, parse_tiles, run_sweep, run_tile_sweep
 
 SWEEP_RANGE = {"full": "1:64", "peers": "1:64", "headline": "1:64", "quick": "1:8"}
 
@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not dtypes:
         raise SystemExit(f"--dtypes: expected a list of {tuple(runner.DTYPES)}, got {args.dtypes!r}")
     sweep = args.num_splits == "sweep"
+    tile_sweep = args.sweep_tiles is not None
     forced = None
     if args.num_splits not in ("auto", "sweep"):
         if not args.num_splits.isdigit() or int(args.num_splits) < 1:
@@ -94,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(str(exc)) from None
     backends = (tuple(b.strip() for b in args.backends.split(",") if b.strip()) if args.backends
                 else registry.default_backends(device))
+    if args.host_breakdown:
+        from . import host
+
+        meta = report.collect_meta(device, report.argv_str(argv).split(), None)
+        out = Console(highlight=False, width=160)
+        try:
+            host.run(device, args.host_shape, backends if args.backends else None, args.reps, meta,
+                     args.json, args.markdown, say=lambda text: out.print(text, markup=False))
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        return 0
     reps = args.reps if args.reps is not None else (3 if suite_name == "quick" else 20)
     cfg = runner.Config(device=device, suite=suite_name, dtypes=dtypes, reps=max(reps, 1),
                         graph=not args.no_graph, host=not args.no_host, num_splits=forced, seed=args.seed)
@@ -130,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             report.write_markdown(args.markdown, meta, skipped, rows, sweep_rows)
 
     try:
-        if not (sweep and args.sweep_only):
+        if not ((sweep or tile_sweep) and args.sweep_only):
             total = len(selected) * len(providers) * len(dtypes)
             with _Progress(console, total, not args.no_progress) as prog:
                 runner.run(selected, providers, cfg, on_step=lambda s, p: prog.step(s, p, rows[-1]), rows=rows)
@@ -139,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                                sol_tbps=sol, wide=args.wide)
         if sweep:
             sweep_rows += _sweep(args, cfg, suite_name, selected, providers, splits, console)
+        if tile_sweep:
+            sweep_rows += _sweep(args, cfg, suite_name, selected, providers, None, console, tiles=args.sweep_tiles)
     except BaseException as exc:  # a CUDA fault or ^C: keep what was measured, then stop
         report.finalize(rows, sol)
         write(f"stopped after {len(rows)} rows: {type(exc).__name__}: {exc}")
@@ -157,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _sweep(args, cfg, suite_name, selected, providers, splits, console) -> list[dict]:
+def _sweep(args, cfg, suite_name, selected, providers, splits, console, tiles: str | None = None) -> list[dict]:
+    """The num_splits sweep (splits) or the tile sweep (tiles: the --sweep-tiles text) of every
+    selected splitkv backend on the sweep shapes."""
     ours = [p for p in providers if p.kind == "splitkv"]
     if not ours:
         console.print("sweep: no splitkv backend selected; skipped")
@@ -169,8 +185,20 @@ def _sweep(args, cfg, suite_name, selected, providers, splits, console) -> list[
     if not targets:
         console.print(f"sweep: no selected shape matches {patterns!r}; skipped")
         return []
-    backend = ours[0].backend
-    with _Progress(console, len(targets) * len(splits), not args.no_progress) as prog:
-        result = run_sweep(targets, backend, cfg, splits, on_step=prog.step)
-    report.print_sweep(console, result)
+    if tiles is None:
+        backend = ours[0].backend
+        with _Progress(console, len(targets) * len(splits), not args.no_progress) as prog:
+            result = run_sweep(targets, backend, cfg, splits, on_step=prog.step)
+        report.print_sweep(console, result)
+        return result
+    result = []
+    for backend in dict.fromkeys(p.backend for p in ours):  # each backend once, in the order given
+        try:
+            tile_list = parse_tiles(tiles, backend)
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        with _Progress(console, len(targets) * len(tile_list), not args.no_progress) as prog:
+            rows = run_tile_sweep(targets, backend, cfg, tile_list, on_step=prog.step)
+        report.print_sweep(console, rows)
+        result += rows
     return result

@@ -120,6 +120,7 @@ def write_plots(rows, out_dir, sol_tbps: float | None, sweep=None) -> list[Path]
         mode = headline_mode(rows)
         paths += bandwidth_plots(rows, out, sol_tbps, mode)
         paths.append(speedup_plot(rows, out, mode))
-    if sweep:
-        paths.append(sweep_plot(sweep, out))
+    splits = [s for s in sweep or () if s.get("sweep") != "tiles"]  # tile sweeps: the markdown table
+    if splits:
+        paths.append(sweep_plot(splits, out))
     return paths

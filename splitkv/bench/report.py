@@ -221,14 +221,26 @@ def write_markdown(path, meta: dict, skipped, rows: list[dict], sweep: list[dict
         note = r["note"] + (f" (err over {r['err_scope']})" if r["err_scope"] not in (None, "all") else "")
         lines.append(f"| {r['shape']} | {r['dtype']} | {r['provider']} | " + " | ".join(_cells(r))
                      + f" | {note.replace('|', '/')} | `{r['cmd']}` |")
-    if sweep:
+    splits = [s for s in sweep or () if s.get("sweep") != "tiles"]
+    tiles = [s for s in sweep or () if s.get("sweep") == "tiles"]
+    if splits:
         lines += ["", "## num_splits sweep (the planner's report card)", "",
                   "| shape | mode | planner splits | planner µs | best splits | best µs | regret % | reproduce |",
                   "|---|---|---|---|---|---|---|---|"]
-        for s in sweep:
+        for s in splits:
             lines.append(f"| {s['shape']} | {s['mode']} | {s['planner_splits']} | "
                          f"{_f(s['planner_us'], '.1f')} | {s['best_splits']} | {_f(s['best_us'], '.1f')} | "
                          f"{_f(s['regret_pct'], '.1f')} | `{s['cmd']}` |")
+    if tiles:
+        lines += ["", "## Tile sweep (block_n x warps x stages; the planner's tile vs each forced one)", "",
+                  "| shape | backend | mode | planner tile | planner µs | best tile | best µs | regret % | "
+                  "every tile (µs) | reproduce |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for s in tiles:
+            every = ", ".join(f"{c['tile']} {_f(c['us'], '.1f')}" if "us" in c else f"{c['tile']} error"
+                              for c in s["curve"])
+            lines.append(f"| {s['shape']} | {s['backend']} | {s['mode']} | {s['planner_tile']} | "
+                         f"{_f(s['planner_us'], '.1f')} | {s['best_tile']} | {_f(s['best_us'], '.1f')} | "
+                         f"{_f(s['regret_pct'], '.1f')} | {every} | `{s['cmd']}` |")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + "\n")
 
@@ -336,14 +348,17 @@ def print_table(console, rows: list[dict], skipped, explain: bool = False, *, de
 def print_sweep(console, sweep: list[dict]) -> None:
     from rich.table import Table
 
-    table = Table(title="num_splits sweep: planner's pick vs best measured")
-    for col in ("shape", "mode", "planner splits", "planner µs", "best splits", "best µs", "regret %"):
+    tiles = bool(sweep) and sweep[0].get("sweep") == "tiles"
+    what = "tile" if tiles else "splits"
+    table = Table(title=f"{'tile' if tiles else 'num_splits'} sweep: planner's pick vs best measured")
+    for col in ("shape", "mode", f"planner {what}", "planner µs", f"best {what}", "best µs", "regret %"):
         table.add_column(col, justify="left" if col in ("shape", "mode") else "right")
     for s in sweep:
         regret = s["regret_pct"]
         color = "green" if regret is not None and regret <= 5 else "red"
-        table.add_row(s["shape"], s["mode"], str(s["planner_splits"]), _f(s["planner_us"], ".1f"),
-                      str(s["best_splits"]), _f(s["best_us"], ".1f"), f"[{color}]{_f(regret, '.1f')}[/]")
+        table.add_row(s["shape"], s["mode"], str(s[f"planner_{'tile' if tiles else 'splits'}"]),
+                      _f(s["planner_us"], ".1f"), str(s[f"best_{'tile' if tiles else 'splits'}"]),
+                      _f(s["best_us"], ".1f"), f"[{color}]{_f(regret, '.1f')}[/]")
     console.print(table)
 
 

@@ -1,6 +1,8 @@
-"""Host (CPU) time per decode call and per stage: what eager small-shape latency is made of.
+"""`python -m splitkv bench --host-breakdown`: host (CPU) time per decode call and per stage, what
+eager small-shape latency is made of.
 
-    python benchmarks/host_overhead.py [--out DIR] [--device cuda|cpu] [--calls N] [--shape B,L,Hq,Hkv,D]
+    python -m splitkv bench --host-breakdown [--device cuda|cpu] [--reps N] [--host-shape B,L,Hq,Hkv,D]
+                            [--backends triton,cutlass,auto] [--json PATH] [--markdown PATH]
 
 Each entry runs N calls back to back without synchronising; wall time / N is its host cost (the
 default problem is tiny, B=1 GQA 32/8 4K, so the host is the bottleneck and this is what is
@@ -14,28 +16,23 @@ Measured, for each backend of triton / cutlass / auto (skipped when unavailable)
 peers: SDPA cuDNN and flash (views of the same tensors, GQA without expanding K/V);
 stages: the bound launch of the lean path alone (per backend), splitkv.validate.check_keyed (the
 signature lookup every call does), a bare torch.empty_like, torch.cuda.current_stream. Any entry
-that raises is reported as "error: ..." and the script goes on. Prints a table; writes host_overhead.json under --out.
+that raises is reported as "error: ..." and the run goes on.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import datetime
 import json
-import platform
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the checkout
+import splitkv
+from splitkv import backends, validate
 
-import splitkv  # noqa: E402
-from splitkv import backends, validate  # noqa: E402
-from splitkv.bench.timing import time_host  # noqa: E402
+from .timing import time_host
 
-SCHEMA = "splitkv.host_overhead/1"
+SCHEMA = "splitkv.host_breakdown/1"
 
 
 def _short(exc: BaseException) -> str:
@@ -55,7 +52,7 @@ def _available(backend: str, device: torch.device) -> str | None:
     return None
 
 
-def measure(entries, device: torch.device, calls: int | None) -> dict:
+def measure(entries, device: torch.device, calls: int | None, say=print) -> dict:
     """{name: µs per call, or 'error: ...' / 'skipped: ...'} for (name, fn | (fn, context) | reason)
     entries; a context is held around the timing of its fn (SDPA's sdpa_kernel)."""
     res = {}
@@ -76,7 +73,7 @@ def measure(entries, device: torch.device, calls: int | None) -> dict:
                         pass
         value = res[name]
         text = f"{value:10.1f} us/call" if isinstance(value, float) else value
-        print(f"HOST {name:44s} {text}", flush=True)
+        say(f"HOST {name:44s} {text}")
     return res
 
 
@@ -177,44 +174,42 @@ def entries_for(q, k, v, sl, device, backends_to_run):
     return entries
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", help="directory for host_overhead.json")
-    ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
-    ap.add_argument("--calls", type=int, default=None,
-                    help="calls per timed loop (default: sized to ~20 ms, 10..100 on a GPU)")
-    ap.add_argument("--shape", default="1,4096,32,8,128", help="B,L,Hq,Hkv,D (default 1,4096,32,8,128)")
-    ap.add_argument("--backends", default=None,
-                    help="comma-separated splitkv backends (default: triton,cutlass,auto on CUDA; torch,auto on CPU)")
-    a = ap.parse_args(argv)
-    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if a.device == "auto" else a.device))
-    B, L, Hq, Hkv, D = (int(x) for x in a.shape.split(","))
-    names = (a.backends.split(",") if a.backends else
-             (["triton", "cutlass", "auto"] if device.type == "cuda" else ["torch", "auto"]))
+def parse_shape(text: str) -> tuple[int, int, int, int, int]:
+    try:
+        B, L, Hq, Hkv, D = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--host-shape: expected B,L,Hq,Hkv,D (e.g. 1,4096,32,8,128), got {text!r}") from None
+    if min(B, L, Hq, Hkv, D) < 1 or Hq % Hkv:
+        raise ValueError(f"--host-shape: expected positive sizes with Hq a multiple of Hkv, got {text!r}")
+    return B, L, Hq, Hkv, D
+
+
+def run(device: torch.device, shape: str, backend_names: tuple[str, ...] | None, calls: int | None,
+        meta: dict, json_path: str | None, markdown_path: str | None, say=print) -> dict:
+    """Measure every entry, print one line each, write JSON / markdown; returns {entry: µs | text}."""
+    B, L, Hq, Hkv, D = parse_shape(shape)
+    names = list(backend_names or (("triton", "cutlass", "auto") if device.type == "cuda" else ("torch", "auto")))
     dtype = torch.bfloat16
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(B, 1, Hq, D, device=device, dtype=dtype, generator=gen)
     k = torch.randn(B, L, Hkv, D, device=device, dtype=dtype, generator=gen)
     v = torch.randn(B, L, Hkv, D, device=device, dtype=dtype, generator=gen)
     sl = torch.full((B,), L, dtype=torch.int32, device=device)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"host µs per call on {where}: B={B} L={L} Hq/Hkv={Hq}/{Hkv} D={D} bf16 "
-          "(calls back to back, no sync; wall / calls, median of 3 loops)", flush=True)
-    res = measure(entries_for(q, k, v, sl, device, names), device, a.calls)
-    if a.out:
-        doc = {"schema": SCHEMA,
-               "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                        "device": where, "torch": torch.__version__, "python": platform.python_version(),
-                        "splitkv": splitkv.__version__, "shape": {"B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D},
-                        "dtype": "bf16", "calls": a.calls, "backends": names,
-                        "command": "python benchmarks/host_overhead.py " + " ".join(argv or sys.argv[1:]),
-                        "method": "splitkv.bench.timing.time_host: N calls without sync, wall / N, median of 3"},
-               "results": res}
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "host_overhead.json").write_text(json.dumps(doc, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    say(f"host µs per call on {meta['device']}: B={B} L={L} Hq/Hkv={Hq}/{Hkv} D={D} bf16 "
+        "(calls back to back, no sync; wall / calls, median of 3 loops)")
+    res = measure(entries_for(q, k, v, sl, device, names), device, calls, say)
+    meta = dict(meta, shape={"B": B, "L": L, "Hq": Hq, "Hkv": Hkv, "D": D}, dtype="bf16", calls=calls,
+                backends=names, method="splitkv.bench.timing.time_host: N calls without sync, wall / N, median of 3")
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps({"schema": SCHEMA, "meta": meta, "results": res}, indent=1))
+    if markdown_path:
+        lines = [f"# splitkv host µs per call — {meta['device']}", "",
+                 f"{meta['date']} · torch {meta['torch']} · triton {meta['triton']} · cutlass-dsl {meta['cutlass']} · "
+                 f"splitkv {meta['splitkv']}", "", f"Command: `{meta['command']}`", "",
+                 f"Problem: B={B} L={L} Hq/Hkv={Hq}/{Hkv} D={D} bf16. Method: {meta['method']}.", "",
+                 "| entry | host µs per call |", "|---|---|"]
+        lines += [f"| {name} | {f'{v:.1f}' if isinstance(v, float) else v} |" for name, v in res.items()]
+        Path(markdown_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(markdown_path).write_text("\n".join(lines) + "\n")
+    return res
