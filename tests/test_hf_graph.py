@@ -258,25 +258,60 @@ def test_gpu_engine_with_graph_steps_matches_the_eager_engine():
 
 
 @pytest.mark.gpu
-def test_gpu_engine_sharing_prompt_prefixes_matches_the_plain_engine():
-    """On the GPU, with CUDA-graph steps: n samples of a long prompt with share_prefix (each group's
-    prompt pages read once) against the engine reading every sample's whole cache: the same first
-    tokens of every request (bf16 near-ties aside), grouped graphs captured, every page back."""
+def test_gpu_shared_prefix_steps_are_as_exact_as_the_plain_steps():
+    """On the GPU, with CUDA-graph steps, teacher-forced (greedy tokens of a random bf16 model part
+    at near-ties, which the prefix + suffix merge's rounding moves: measured 0/7 identical token
+    streams share vs plain on the H200, while on the CPU the torch backend in bf16 gives 7/7 and
+    the interpreted Triton kernels match it per call): two groups of samples (4 of a 3000-token
+    prompt, 3 of a 700-token one) whose prompt pages are read once per group, against the plain
+    step reading every row's whole cache; both against the torch backend. The shared step's logits
+    are no further from the torch backend's than 2x the plain step's, and grouped graphs were
+    captured."""
+    model = _model(tf, torch.bfloat16, head_dim=128, device="cuda", layers=4, hq=32, hkv=8, hidden=1024,
+                   vocab=1000)
+    g = torch.Generator().manual_seed(11)
+    long, short = (torch.randint(3, 1000, (n,), generator=g) for n in (3000, 700))
+    ids = torch.zeros(7, 3000, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    ids[:4], mask[:4] = long, 1
+    ids[4:, -700:], mask[4:, -700:] = short, 1
+    ids, mask = ids.cuda(), mask.cuda()
+    kw = dict(max_new_tokens=30, page_size=16)
+    shared, logits = hf.prefill(model, ids, mask, **kw)
+    plain, _ = hf.prefill(model, ids, mask, **kw)
+    ref, _ = hf.prefill(model, ids, mask, backend="torch", cuda_graph=False, **kw)
+    shared.groups = [([0, 1, 2, 3], 3000 // 16), ([4, 5, 6], 700 // 16)]  # whole prompt pages, held by every row
+    d_shared = d_plain = 0.0
+    with hf.use_splitkv(model):
+        tok = logits.argmax(-1)
+        for _ in range(25):
+            a, b, c = (hf.decode_step(model, st, tok).float() for st in (shared, plain, ref))
+            d_shared = max(d_shared, float((a - c).abs().max() / c.abs().max()))
+            d_plain = max(d_plain, float((b - c).abs().max() / c.abs().max()))
+            tok = c.argmax(-1)
+    steps = shared.graphs.steps
+    print(f"max relative logit difference from the torch backend: shared prefix {d_shared:.2e}, plain "
+          f"{d_plain:.2e}; shapes {sorted(steps)}")
+    assert all(io.graph is not None for io in steps.values()), "a shape fell back to eager"
+    assert max(k[2] for k in steps) == 4  # 4-member groups: the grouped step ran
+    assert d_shared <= 2 * d_plain
+
+
+@pytest.mark.gpu
+def test_gpu_engine_sharing_prompt_prefixes_runs_grouped_graphs():
+    """The engine with share_prefix on the GPU: grouped CUDA-graph steps captured, every request
+    finished with its token count, every page back (token equality with the plain engine is not
+    asserted: see the teacher-forced test above)."""
     model = _model(tf, torch.bfloat16, head_dim=128, device="cuda", layers=4, hq=32, hkv=8, hidden=1024,
                    vocab=1000)
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(3, 1000, (n,), generator=g) for n in (3000, 700)]
-    outs = []
-    for share in (True, False):
-        eng = E.Engine(model, num_pages=1024, page_size=16, prefill_chunk=1024, share_prefix=share)
-        rids = [*eng.add_request(prompts[0], 24, eos_token_id=None, n=4),
-                *eng.add_request(prompts[1], 16, eos_token_id=None, n=3)]
-        got = eng.run()
-        outs.append([got[r] for r in rids])
-        assert eng.cache.num_free_pages == eng.cache.num_pages
-        steps = eng._state.graphs.steps
-        assert all(io.graph is not None for io in steps.values()), "a shape fell back to eager"
-        assert (max(k[2] for k in steps) > 1) == share
-    same = sum(a == b for a, b in zip(*outs, strict=True))
-    print(f"share_prefix vs plain engine: {same}/{len(outs[0])} requests with identical tokens")
-    assert all(a[:8] == b[:8] for a, b in zip(*outs, strict=True))
+    eng = E.Engine(model, num_pages=1024, page_size=16, prefill_chunk=1024, share_prefix=True)
+    rids = [*eng.add_request(prompts[0], 24, eos_token_id=None, n=4),
+            *eng.add_request(prompts[1], 16, eos_token_id=None, n=3)]
+    got = eng.run()
+    assert [len(got[r]) for r in rids] == [24] * 4 + [16] * 3
+    assert eng.cache.num_free_pages == eng.cache.num_pages
+    steps = eng._state.graphs.steps
+    assert all(io.graph is not None for io in steps.values()), "a shape fell back to eager"
+    assert max(k[2] for k in steps) > 1
