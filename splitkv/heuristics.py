@@ -395,6 +395,23 @@ def uniform_chunk_keys(rule: "SplitRule", batch: int, bound: int) -> int:
     return int(chunk[0])
 
 
+def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: int, batch_invariant: bool) -> bool:
+    """Whether a plan takes its backend's unsplit tile although its grid may split (the tile is fixed
+    when the plan is made, the split counts only on the device): the CTAs of a uniform batch at the
+    length bound stream long chunks. cutlass: chunks >= CUTLASS_LONG_CHUNK_KEYS. Triton: one chunk
+    per request (the device splits nothing at the bound); H200 tile sweep (2026-12-02, graph replay,
+    bf16 D 128, results/2026-12-02-h200-tune/tiles.md), split tile 64x4x3 vs unsplit 128x4x3:
+    B=16 MHA 32K 2296.1 vs 1854.7 us, B=64 GQA 32/8 32K 2253.4 vs 1846.0, B=16 MHA 4K 288.1 vs 244.0,
+    paged 16 B=16 MHA 32K 2403.2 vs 2018.1; plans that split keep 64x4x3 (B=1 GQA 32K, 32 chunks
+    of 1K keys: 39.7 vs 45.4). Batch-invariant plans keep one tile whatever the batch and bound."""
+    if batch_invariant or batch == 0:
+        return False
+    chunk = uniform_chunk_keys(rule, batch, bound)
+    if backend == "cutlass":
+        return chunk >= CUTLASS_LONG_CHUNK_KEYS
+    return chunk >= bound
+
+
 def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
 

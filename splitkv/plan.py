@@ -246,13 +246,14 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     tile, m_tiles, rule = _rule(name, prob, **kw)
     paged = prob.page_size is not None
     splitting = rule.max_splits > 1 or batch_invariant  # batch-invariant: one tile whatever the grid
+    whole = splitting and H.streams_whole_sequences(name, rule, prob.batch, prob.max_seqlen, batch_invariant)
     if name == "cutlass":
-        long_chunks = H.uniform_chunk_keys(rule, prob.batch, prob.max_seqlen) >= H.CUTLASS_LONG_CHUNK_KEYS
-        block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not long_chunks, paged)
+        block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not whole, paged)
         tile = H.TileConfig(tile.block_m, block_n, tile.num_warps, stages)
         fuse = 1 < rule.max_splits <= H.CUTLASS_FUSED_MERGE_MAX_SPLITS
     else:
-        t = H.tile_config(prob.head_dim, prob.qhead_per_kvhead * prob.q_len, splitting=splitting, kv_fp8=prob.kv_fp8)
+        t = H.tile_config(prob.head_dim, prob.qhead_per_kvhead * prob.q_len, splitting=splitting and not whole,
+                          kv_fp8=prob.kv_fp8)
         tile = H.TileConfig(t.block_m, t.block_n, t.num_warps, H.launch_stages(t, paged))
         fuse = name == "triton" and 1 < rule.max_splits <= H.FUSED_MERGE_MAX_SPLITS
     fuse = fuse and not batch_invariant  # one merge path (the merge kernel) for every batch

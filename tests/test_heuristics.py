@@ -112,3 +112,24 @@ def test_print_plan(capsys, monkeypatch):
     splitkv.plan(torch.tensor([5000], dtype=torch.int32), 32, 8, 128, num_sms=132)
     out = capsys.readouterr().out
     assert "DecodePlan" in out and "max_splits=" in out
+
+
+@pytest.mark.parametrize("backend", ["triton", "cutlass"])
+def test_plans_that_stream_whole_sequences_take_the_unsplit_tile(backend):
+    """A plan's grid may split, but when a uniform batch at its bound gets one chunk per request
+    (triton) or chunks of >= CUTLASS_LONG_CHUNK_KEYS (cutlass) its CTAs stream whole sequences and
+    the backend's unsplit tile (block_n 128) serves them; plans that split keep block_n 64, and a
+    batch-invariant plan keeps one tile whatever the batch."""
+    import splitkv
+
+    def tile(B, L, hq, hkv, **kw):
+        p = splitkv.plan(torch.full((B,), L, dtype=torch.int32), hq, hkv, 128, backend=backend, num_sms=132, **kw)
+        return p.tile.block_n, p.max_splits
+
+    assert tile(64, 32768, 32, 8) == (128, tile(64, 32768, 32, 8)[1])
+    assert tile(1, 32768, 32, 8)[0] == 64  # 16-32 chunks of 1-2K keys
+    assert tile(16, 4096, 32, 32, batch_invariant=True)[0] == 64
+    if backend == "triton":
+        bn, splits = tile(16, 4096, 32, 32)
+        assert bn == 128 and splits > 1  # a split grid of which a uniform batch uses one split per request
+        assert tile(16, 4096, 32, 32, paged=True)[0] == 128

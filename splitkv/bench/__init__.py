@@ -33,7 +33,7 @@ Row schema (JSON "rows"; one row per shape x dtype x provider; null where not me
   graph_replays    int    replays behind graph_us
   host_us          float  host (CPU) µs per call: host_calls calls issued back to back without
                           synchronising, wall time / host_calls, median of 3 loops (what
-                          benchmarks/host_overhead.py measures); a call that syncs internally pays
+                          bench --host-breakdown measures); a call that syncs internally pays
                           its GPU time here too; null with --no-host
   host_calls       int    calls per host loop
   eager_tbps, graph_tbps          float  bytes / time, TB/s (1e12 B/s)

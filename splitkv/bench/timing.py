@@ -10,7 +10,7 @@ over rotating tensor sets whose total size exceeds the L2 several times (inputs.
 so each call reads cold K/V without a flush;
 the graph is replayed and timed with CUDA events; per call = median replay time / N.
 
-Host: the CPU cost of issuing one call, as benchmarks/host_overhead.py measures it: N calls back to
+Host: the CPU cost of issuing one call, as `bench --host-breakdown` measures it: N calls back to
 back without synchronising (the GPU queue absorbs their work), wall time of the loop / N, median of
 HOST_LOOPS loops. A call that synchronises internally (e.g. reads lengths on the host) shows up
 here as its full latency: that is what the caller's thread pays.

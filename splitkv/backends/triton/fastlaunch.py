@@ -1,7 +1,8 @@
 """Launch compiled Triton kernels without the JIT's per-call argument binding.
 
-Why: measured on the H200 host (benchmarks/host_overhead.py, 2026-11-29), `kernel[grid](...)` with
-our ~45 arguments cost ~56 us of CPU per launch — several times the GPU time of a small decode.
+Why: measured on the H200 host (2026-11-29; `python -m splitkv bench --host-breakdown` measures it
+today), `kernel[grid](...)` with our ~45 arguments cost ~56 us of CPU per launch — several times
+the GPU time of a small decode.
 The first call of each specialisation goes through the normal JIT (compile + launch) and returns
 the CompiledKernel; later calls with the same key call its launcher directly.
 
