@@ -201,7 +201,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
                         scale, causal, variant)
     if debug.active():
         debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
-    elif lean and key is not None and out is None:  # bound for the contiguous o it allocated
+    elif lean and key is not None and (out is None or out.is_contiguous()):  # bound for a contiguous o
         _remember(prob.memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_plan, o, lse, scale, causal,
                   batch_invariant, variant)
     return (o, lse) if return_lse else o

@@ -30,24 +30,21 @@ from .constants import UNBOUNDED
 # Aim for this many resident blocks per SM when splitting. One wave of single blocks leaves no
 # block to hide a neighbour's tail or its prologue; two per SM fit (a 64x128 fp32 accumulator plus
 # a 3-stage K/V pipeline is ~100 KB of shared memory at D=128), so the target is 2 waves.
-# H200 (triton_tune.json, 2026-11-29, eager): B=1 GQA 128K 3.84 TB/s at 2 vs 3.66 at 1 and 3.27 at
-# 4; B=16 GQA 128K 4.53 vs 4.21 / 3.69. The num_splits sweep (bench --num-splits sweep) put the
-# planner within 0.8% of the best forced count on 6 shapes.
+# H200 num_splits sweep (Triton, graph replay, bf16 D 128, 2026-12-02,
+# results/2026-12-02-h200-tune/sweep_triton.md): B=1 GQA 32/8 128K, the planner's 33 splits (two per
+# SM) 129.4 us vs 136.9 at 16 (one per SM) and 155.2 at 64 (past one wave of two).
 BLOCKS_PER_SM = 2
 
 # The CuTe DSL kernel wants one wave of single blocks instead: its split CTAs keep two 32 KB K/V
 # stages in flight each, enough to cover HBM latency alone, and fewer splits mean fewer partials
 # for the fused merge and a shorter tail. H200 num_splits sweep (cutlass, graph replay, bf16 D 128,
-# 2026-11-29, results/2026-11-29-h200-s3/sweep_*.json): the best count was the one that gives
-# ~128 CTAs on every shape swept — B=1 GQA 32/8 128K 16 splits 122.3 us vs the 2-per-SM plan's 33:
-# 125.9; B=1 MHA 32K 4 vs 8: 121.3 vs 126.1; B=1 GQA 32K 16 vs 32: 36.3 vs 38.3; B=4 GQA 32K 4 vs 8:
-# 121.7 vs 124.1; B=4 GQA 128K 464.2 vs 474.1; B=1 MHA 128K 466.8 vs 475.7; B=1 MHA 4K 21.0 vs 21.8;
-# B=4 GQA 4K 21.5 vs 22.2; B=1 GQA 4K: 16 either way (MIN_CHUNK_KEYS). Bench with this rule
-# (bench_planner.md, same run as Triton's 2-per-SM plans): B=1 GQA 128K 123.0 vs Triton 127.8 us
-# (4.36 TB/s), B=1 MHA 32K 122.4 vs 127.1, B=1 GQA 32K 36.2 vs 39.9. Paged caches keep two per SM:
-# their row gather has one more dependent load to hide, and one per SM lost there (page 16, B=1
-# GQA 128K 137.7 us vs 130.7 with 33 splits; B=4 GQA 32K 137.1 vs 129.8). Plans are sized for the
-# backend and cache layout that will run them (plan.build: the backend, `paged`).
+# 2026-12-02, results/2026-12-02-h200-tune/sweep_cutlass.md): the best count is the one that gives
+# ~128 CTAs, which the planner picks — B=1 GQA 32/8 128K 16 splits 124.6 us (planner 124.4) vs
+# 128.5 at 32 and 129.1 at 33; B=1 MHA 32K 4 vs 8: 123.2 vs 128.3; B=1 GQA 32K 16 vs 32: 36.8 vs
+# 38.7. Paged caches keep two per SM: their row gather has one more dependent load to hide, and
+# one per SM lost there (2026-11-29, page 16: B=1 GQA 128K 137.7 us vs 130.7 with 33 splits; B=4
+# GQA 32K 137.1 vs 129.8; benchmarks/NOTES.md #16-17). Plans are sized for the backend and cache
+# layout that will run them (plan.build: the backend, `paged`).
 CUTLASS_BLOCKS_PER_SM = 1
 
 
@@ -130,12 +127,13 @@ def _overridden(tile: TileConfig) -> TileConfig:
 def tile_config(head_dim: int, rows: int, splitting: bool = True, kv_fp8: bool = False) -> TileConfig:
     """Tile shape for `rows` packed query rows (qhead_per_kvhead * q_len) at `head_dim`.
 
-    Measured on the H200 (benchmarks/triton_tune.py, bf16, D=128, 2026-11-29):
-      * split plans (chunks of 256-8K keys): block_n 64, 4 warps, 3 stages was best or within 2%
-        (B=1 GQA 32/8 4K graph replay: 14.6 us vs 16.3 for block_n 128; 32K: 44.5 vs 50.1);
-      * unsplit plans (a whole long sequence per block): block_n 128, 4 warps, 3 stages streams
-        better (B=16 MHA 32K: 4.61 TB/s vs 3.97; B=64 GQA 32K: 4.62 vs 3.90; B=16 MHA 4K graph:
-        247 us vs 291), matching cuDNN.
+    Measured on the H200 (`python -m splitkv bench --sweep-tiles`, graph replay, bf16, D=128,
+    2026-12-02, results/2026-12-02-h200-tune/tiles.md and tiles_after.md):
+      * split plans (chunks of 256-8K keys): block_n 64, 4 warps, 3 stages is best or within 2%
+        (B=1 GQA 32/8 32K: 39.7 us vs 45.4 for block_n 128; 4K: 12.0 vs 11.8-11.9 for the others);
+      * plans whose CTAs stream whole sequences (streams_whole_sequences): block_n 128, 4 warps,
+        3 stages (B=16 MHA 32K 1854.7 us vs 2296.1 for 64x4x3; B=64 GQA 32K 1846.0 vs 2253.4;
+        B=16 MHA 4K 244.0 vs 288.1; paged 16 B=16 MHA 32K 2018.1 vs 2403.2).
     At D=256 the key tile halves and warps double so the fp32 accumulator (block_m x 256) and the
     K/V stages fit (not yet tuned on the GPU).
     fp8 K/V (kv_fp8, D <= 128): block_n 128, 4 warps, 3 stages, split or not — half the bytes per
@@ -423,12 +421,12 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
 
     Unsplit plans at D = 128 (one CTA streams a whole sequence; B >= 16 grids of 256-512 CTAs), and
     split plans whose CTAs stream >= CUTLASS_LONG_CHUNK_KEYS keys (plan.build passes splitting=False):
-    block_n 128, 2 stages (128 KB, one CTA per SM). H200 sweep (2026-11-29, graph replay, bf16,
-    benchmarks/gpu_cutlass.py --phases sweep, results/2026-11-29-h200-s3/gpu_cutlass_sweep.json):
-    B=16 MHA 32K n64 s3 1937 us, n128 s3 1916, n128 s2 1907; B=64 GQA 32/8 32K 1914 / 1904 / 1890
-    (Triton's n128 tile: 1901 / 1887 in the bench). Split plans keep n64 s3: B=1 GQA 32K 38.2 us
-    vs 41.6 (n128 s3) and 42.3 (n128 s2). Paged unsplit plans keep n64 s3: with n128 s2, page 16,
-    B=16 MHA 32K took 1992 us vs Triton's 1886 in the same run (n64 s3: 1926 vs 1918 earlier).
+    block_n 128, 2 stages (128 KB, one CTA per SM). H200 tile sweep (2026-12-02, graph replay, bf16,
+    `python -m splitkv bench --sweep-tiles`, results/2026-12-02-h200-tune/tiles.md), n64 s3 / n128 s3 /
+    n128 s2: B=16 MHA 32K 1871.1 / 1859.1 / 1875.0 us; B=64 GQA 32/8 32K 1861.3 / 1851.7 / 1849.1
+    (within 1%: n128 s2 led by 1-2% on 2026-11-29, NOTES #14). Split plans keep n64 s3: B=1 GQA 32K
+    36.3 us vs 36.7 (n128 s3) and 38.0 (n128 s2); B=1 GQA 4K 10.0 / 9.8 / 10.5. Paged unsplit plans
+    keep n64 s3: page 16, B=16 MHA 32K 1883.5 / 1884.8 / 1990.1.
     """
     if head_dim == 64:
         block_n, stages = 128, 3
@@ -441,20 +439,18 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
 
 
 # backend="auto" on sm90 with the CuTe DSL installed: cutlass for plans that split, Triton for plans
-# that do not. Measured on the H200 (2026-11-29, bf16 D=128, CUDA-graph replay; benchmarks/results/
-# 2026-11-29-h200-s2/bench_peers.md, bench_paged.md, cutlass_ab_run2_pdl.json). Split plans, where the
-# cutlass kernel merges the splits itself and launches with PDL: B=1 GQA 32/8 4K 10.1 us vs Triton
-# 11.4, B=1 MHA 4K 21.7 vs 25.7, B=4 GQA 4K 22.3 vs 26.1, paged16 B=1 GQA 4K 10.4 vs 13.5, B=1 GQA
-# 128K 128.0 vs 129.8, B=4 GQA 32K 123.9 vs 128.2; B=1 GQA 32K is a toss-up (42.2 vs 40.4 in the bench
-# run, 38.0 / 38.4 vs 39.3 / 39.9 in two A/B runs). Unsplit plans (one CTA per sequence): Triton is
-# still 0.3-1.0% faster after cutlass took block_n 128 x 2 stages there (cutlass_tile; results/
-# 2026-11-29-h200-s3/bench_unsplit.md: B=64 GQA 32K 1881.5 vs 1887.2 us, B=16 MHA 32K 1888.6 vs
-# 1907.9), so the rule below keeps Triton there.
-# Inside a random-weight bf16 Llama (8 layers, 32K prompt, 2026-11-29,
-# results/2026-11-29-h200-s3/hf_backend_check.json), on the model's own inputs at every layer and
-# step, cutlass (fused, unfused, 1 split, dense) and Triton have the same max error vs the fp64
-# reference (0.06-0.12 on |o| <= 57, bf16 rounding); teacher-forced logits differ from
-# transformers' by 0.136 / 0.160 (B=1 / 4) vs Triton's 0.148 / 0.164.
+# that do not. Split plans, where the cutlass kernel merges the splits itself and launches with PDL,
+# each backend at its own planner's plan (H200, 2026-12-02, bf16 D=128, CUDA-graph replay,
+# results/2026-12-02-h200-tune/tiles.md, planner rows of one run): B=1 GQA 32/8 4K 10.0 us vs
+# Triton 12.0, B=1 GQA 32K 36.3 vs 39.9, paged 16 B=16 MHA 32K 1879.3 vs 2399.9 (Triton's
+# 2018.2 after streams_whole_sequences, tiles_after.md); the split sweeps, B=1 GQA 128K: 124.4 vs
+# 129.4 (sweep_*.md). Unsplit plans (max_splits 1: the grid is full without splitting) stay on
+# Triton, 0.3-1.0% ahead of cutlass's n128 s2 tile on 2026-11-29 (NOTES #14: B=64 GQA 32K 1881.5
+# vs 1887.2 us, B=16 MHA 32K 1888.6 vs 1907.9).
+# Inside a random-weight bf16 Llama (8 layers, 32K prompt, 2026-11-29, NOTES #13), on the model's
+# own inputs at every layer and step, cutlass (fused, unfused, 1 split, dense) and Triton have the
+# same max error vs the fp64 reference (0.06-0.12 on |o| <= 57, bf16 rounding); teacher-forced
+# logits differ from transformers' by 0.136 / 0.160 (B=1 / 4) vs Triton's 0.148 / 0.164.
 AUTO_CUTLASS = True
 AUTO_CUTLASS_MIN_SPLITS = 2
 

@@ -335,18 +335,26 @@ def test_lean_path_takes_variants_keyed_by_their_values_and_tensors(kind, paged,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_lean_path_with_out(backend):
-    """out= takes the lean path when it is a contiguous tensor like q; a strided out the full one."""
+@pytest.mark.parametrize("with_plan", [False, True])
+def test_lean_path_with_out(backend, with_plan, monkeypatch):
+    """out= takes the lean path when it is a contiguous tensor like q, also when every call of the
+    signature passes one (a plan's first call binds for it); a strided out takes the full one."""
+    import importlib
+
     q, k, v, sl = make_inputs(2, 1, 32, 8, 128, [2500, 90], BF16, "cuda", nan_tail=False)
-    ref = splitkv.decode(q, k, v, sl, backend=backend)
-    ref = splitkv.decode(q, k, v, sl, backend=backend)
+    p = splitkv.plan(sl, 32, 8, 128, backend=backend) if with_plan else None
+    ref = splitkv.decode(q, k, v, sl, backend=backend, plan=p, out=torch.empty_like(q))  # full path: binds
+    module = importlib.import_module(f"splitkv.backends.{backend}")
+    full_calls = []
+    run = module.run
+    monkeypatch.setattr(module, "run", lambda *a: full_calls.append(1) or run(*a))
     out = torch.full_like(q, float("nan"))
-    assert splitkv.decode(q, k, v, sl, backend=backend, out=out) is out
-    assert torch.equal(out, ref)
+    assert splitkv.decode(q, k, v, sl, backend=backend, plan=p, out=out) is out
+    assert torch.equal(out, ref) and not full_calls, "a contiguous out= took the full path"
     wide = torch.full((*q.shape[:3], 2 * q.shape[3]), float("nan"), dtype=q.dtype, device="cuda")
     strided = wide[..., : q.shape[3]]
-    splitkv.decode(q, k, v, sl, backend=backend, out=strided)
-    assert torch.equal(strided, ref)
+    splitkv.decode(q, k, v, sl, backend=backend, plan=p, out=strided)
+    assert torch.equal(strided, ref) and full_calls
 
 
 def test_clear_plans_releases_what_the_lean_path_holds():

@@ -28,8 +28,7 @@ Design (4 warps, see config.SplitConfig):
     page_size >= block_n (TMA per page is the next variant to try for page_size >= 64);
   * paged rows: a thread computes all its rows' page lookups (FastDivmod by page_size, one
     block-table load each) before issuing their copies, so the table loads overlap.
-Measured alternatives (H200, bf16 D 128, CUDA-graph replay, 2026-11-29; benchmarks/gpu_cutlass.py
---phases pdl, results/2026-11-29-h200-s2/cutlass_ab_*.json):
+Measured alternatives (H200, bf16 D 128, CUDA-graph replay, 2026-11-29; benchmarks/NOTES.md #9-#11):
   * merge: fused here (fused_merge.py) vs a merge launch: B=1 GQA 4K 9.7 vs 10.6 us, B=1 MHA 4K
     20.9 vs 21.8, B=1 GQA 128K 125.1 vs 127.9, B=4 GQA 32K 123.9 vs 126.9; B=1 64/8 4K 11.5 vs
     11.3 and B=1 GQA 32K 38.0 vs 37.8 (noise level) -> fused for every split count;
@@ -39,12 +38,10 @@ Measured alternatives (H200, bf16 D 128, CUDA-graph replay, 2026-11-29; benchmar
     unsplit B=64 / B=16 shapes: within 1% (B=64 GQA 32K 1904 vs 1920);
   * the split kernel alone costs 7.3 us at B=1 GQA 4K (floor 3.6 us at 4.6 TB/s): the rest of the
     gap to the floor is in this kernel's ramp (Q + three scalars + first K/V tiles in series);
-  * tiles (--phases sweep, results/2026-11-29-h200-s3/gpu_cutlass_sweep.json): split plans n64 s3
-    (B=1 GQA 32K 38.2 us vs n128 s3 41.6, n128 s2 42.3); unsplit plans n128 s2 (B=16 MHA 32K 1907
-    vs n64 s3 1937, n128 s3 1916; B=64 GQA 32K 1890 / 1914 / 1904): heuristics.cutlass_tile;
+  * tiles: heuristics.cutlass_tile (the 2026-12-02 tile sweep, results/2026-12-02-h200-tune/tiles.md);
   * vs Triton on the same run: faster on split plans (B=1 GQA 4K 10.1 vs 11.4), 0.3-1.0% slower on
     unsplit plans even with the n128 tile (B=16 MHA 32K 1907.9 vs 1888.6).
-`python benchmarks/gpu_cutlass.py --phases sweep` times (block_n, stages) alternatives.
+`python -m splitkv bench --sweep-tiles --providers splitkv-cutlass` times (block_n, stages) alternatives.
 """
 
 import cuda.bindings.driver as cuda
