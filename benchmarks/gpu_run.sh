@@ -38,8 +38,8 @@ if has variants; then  # attention variants and head dims next to plain decode a
     --json "$OUT/variants.json" --markdown "$OUT/variants.md" 2>&1 | tee "$OUT/variants.log" | tail -60
 fi
 if [[ " $what " == *" serve "* ]]; then  # not in "all": the full trace runs for many minutes
-  python benchmarks/hf_serve.py --out "$OUT/hf_serve.json" --plot "$OUT" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve.log" | tail -8; fi
-if has hf; then python benchmarks/hf_step.py --out "$OUT/hf_step.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -45; fi
+  python -m splitkv bench hf-serve --out "$OUT/hf_serve.json" --plot "$OUT" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve.log" | tail -8; fi
+if has hf; then python -m splitkv bench hf-step --out "$OUT/hf_step.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -45; fi
 # at most 8 files come back: up to 7 results (the JSON files, then bench.md) stay as they are,
 # everything else (logs, plots, env.txt) goes into one archive
 (cd "$OUT" && keep=$(mktemp -d) && n=0

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_, _, text) in COMMANDS.items():
             print(f"  {name:8s} {text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    if argv[0] in HELP_PARSERS and any(a in ("-h", "--help") for a in argv[1:]):
+    model_bench = argv[0] == "bench" and len(argv) > 1 and argv[1] in ("hf-step", "hf-serve")  # own parsers
+    if argv[0] in HELP_PARSERS and not model_bench and any(a in ("-h", "--help") for a in argv[1:]):
         getattr(importlib.import_module("splitkv.cli_args"), HELP_PARSERS[argv[0]])().parse_args(argv[1:])
     module, func, _ = COMMANDS[argv[0]]
     return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)

@@ -25,7 +25,10 @@ def bench_parser() -> argparse.ArgumentParser:
 
     ap = argparse.ArgumentParser(
         prog="python -m splitkv bench",
-        description="Decode attention benchmark: splitkv vs peers (see benchmarks/README.md).")
+        description="Decode attention benchmark: splitkv vs peers (see benchmarks/README.md).",
+        epilog="Model benchmarks (transformers needed): `python -m splitkv bench hf-step --help` (decode step "
+               "time of a Llama vs transformers' configurations), `python -m splitkv bench hf-serve --help` "
+               "(continuous batching on a request trace vs transformers' manager).")
     ap.add_argument("--suite", choices=tuple(shapes.SUITES), default="full",
                     help="shape suite (default: full)")
     ap.add_argument("--quick", action="store_true", help="same as --suite quick (tiny, CPU-friendly)")

@@ -70,9 +70,17 @@ class _Progress:
             self.bar.__exit__(*exc)
 
 
+# model-level benchmarks (transformers needed): `python -m splitkv bench hf-step|hf-serve [options]`
+MODEL_BENCHES = {"hf-step": "hf_step", "hf-serve": "hf_serve"}
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
+    if argv and argv[0] in MODEL_BENCHES:
+        import importlib
+
+        return int(importlib.import_module(f".{MODEL_BENCHES[argv[0]]}", __package__).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     suite_name = "quick" if args.quick else args.suite
     device = _device(args.device)

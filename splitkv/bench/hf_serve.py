@@ -1,8 +1,8 @@
 """Continuous batching on one request trace: splitkv's Engine against transformers' own continuous
 batching (ContinuousBatchingManager, the engine behind `model.generate_batch`).
 
-    python benchmarks/hf_serve.py --out results/hf_serve.json --plot results/   # H200, Llama-3-8B shape
-    python benchmarks/hf_serve.py --out /tmp/serve.json --device cpu --tiny     # CPU smoke run
+    python -m splitkv bench hf-serve --out results/hf_serve.json --plot results/   # H200, Llama-3-8B shape
+    python -m splitkv bench hf-serve --out /tmp/serve.json --device cpu --tiny     # CPU smoke run
 
 Trace (seeded): --requests prompts of random tokens, lengths uniform in --prompt-range, each asking
 for a number of new tokens uniform in --output-range; greedy, no EOS, so every request runs to its
@@ -25,7 +25,6 @@ import inspect
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -173,9 +172,9 @@ def plot(path: Path, rows: list[dict]) -> None:
 
 
 def main(argv=None):
-    from hf_step import TINY, add_model_args, build_model, run_meta  # the same random Llama
+    from .hf_step import TINY, add_model_args, build_model, run_meta  # the same random Llama
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m splitkv bench hf-serve", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON path (markdown goes next to it as .md)")
     ap.add_argument("--plot", help="directory for hf_serve.png (tokens/s over time)")
     ap.add_argument("--device", default="cuda")
@@ -214,7 +213,7 @@ def main(argv=None):
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens_per_s_per_second"}), flush=True)
         server.close()
         del server
-    meta = run_meta(device, "hf_serve.py", argv)
+    meta = run_meta(device, "hf-serve", argv)
     config = {k: getattr(a, k) for k in ("requests", "prompt_range", "output_range", "rate", "num_pages", "page_size",
                                          "prefill_chunk", "cuda_graph", "layers", "hidden", "vocab", "dtype")}
     out = Path(a.out)
@@ -233,8 +232,3 @@ def main(argv=None):
         Path(a.plot).mkdir(parents=True, exist_ok=True)
         plot(Path(a.plot), rows)
     print(f"wrote {out} and {out.with_suffix('.md')}")
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    main()

@@ -1,8 +1,8 @@
 """Decode step time of a Hugging Face Llama model: splitkv (eager and CUDA-graph steps, bf16 and
 fp8 KV) against transformers' own configurations, next to the step's memory floor.
 
-    python benchmarks/hf_step.py --out results/hf_step.json            # H200, Llama-3-8B shape
-    python benchmarks/hf_step.py --out /tmp/hf.json --device cpu --tiny  # CPU smoke run
+    python -m splitkv bench hf-step --out results/hf_step.json            # H200, Llama-3-8B shape
+    python -m splitkv bench hf-step --out /tmp/hf.json --device cpu --tiny  # CPU smoke run
 
 Model: randomly initialised from a config (nothing downloaded), by default the Llama-3-8B shape
 (32 layers, hidden 4096, Hq 32 / Hkv 8, D 128, MLP 14336, vocab 128256, bf16). Each (batch,
@@ -168,12 +168,12 @@ def add_model_args(ap, dtypes=("bfloat16", "float16")) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=dtypes)
 
 
-def run_meta(device, script: str, argv) -> dict:
+def run_meta(device, command: str, argv) -> dict:
     """The results' meta: machine, versions, the command that ran."""
     meta = collect_meta(device, [], 0.0)
     meta.pop("sol_tbps")
     meta.pop("byte_model")
-    meta.update(command=f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv),
+    meta.update(command=f"python -m splitkv bench {command} " + " ".join(sys.argv[2:] if argv is None else argv),
                 transformers=_version("transformers"))
     return meta
 
@@ -189,7 +189,7 @@ def cells(a):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m splitkv bench hf-step", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON path (markdown goes next to it as .md)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", default="1,8,32")
@@ -244,7 +244,7 @@ def main(argv=None):
         for r in cell:
             if r["provider"].startswith("splitkv") and tf:
                 r["x_best_transformers"] = min(tf) / r["ms_per_step"]
-    meta = run_meta(device, "hf_step.py", argv)
+    meta = run_meta(device, "hf-step", argv)
     config = {k: getattr(a, k) for k in ("layers", "hq", "hkv", "head_dim", "hidden", "mlp", "vocab", "dtype",
                                          "steps", "warmup")}
     out = Path(a.out)
@@ -268,7 +268,3 @@ def write_markdown(path: Path, meta: dict, config: dict, rows: list[dict]) -> No
         lines.append(f"| {r['batch']} | {r['context']} | {r['provider']} | {r['ms_per_step']:.2f} | "
                      f"{r['tokens_per_s']:.0f} | {r['x_floor']:.2f} | {f'{x:.2f}' if x else '—'} |")
     path.write_text("\n".join(lines) + "\n")
-
-
-if __name__ == "__main__":
-    main()
