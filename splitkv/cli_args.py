@@ -54,7 +54,8 @@ def bench_parser() -> argparse.ArgumentParser:
                     help="globs of shapes to sweep (default: a built-in subset of the suite)")
     ap.add_argument("--sweep-tiles", nargs="?", const="default", metavar="TILES",
                     help="time the planner's kernel tile against forced BLOCK_NxWARPSxSTAGES tiles, e.g. "
-                         "64x4x3,128x4x2 (no value: each backend's default list), on the sweep shapes")
+                         "64x4x3,128x4x2 (no value: each backend's default list; a :fused or :merge suffix forces "
+                         "the split kernel's own merge or the merge kernel), on the sweep shapes")
     ap.add_argument("--sweep-only", action="store_true",
                     help="with --num-splits sweep or --sweep-tiles: skip the main table")
     ap.add_argument("--host-breakdown", action="store_true",

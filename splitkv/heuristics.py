@@ -98,20 +98,26 @@ def cdiv(a, b):
 
 
 # A tile forced by `tile_override` (the bench's tile sweep, `python -m splitkv bench --sweep-tiles`):
-# dict of block_n / num_warps / num_stages, or None (the rules below decide).
+# dict of block_n / num_warps / num_stages / fused_merge, or None (the rules decide).
 _TILE_OVERRIDE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("splitkv_tile_override", default=None)
 
 
 @contextlib.contextmanager
-def tile_override(block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+def tile_override(block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                  fused_merge: bool | None = None):
     """Plans built inside this context take these tile fields instead of the rules' (None keeps the
     rule's). For tuning measurements only: the split rule sizes its chunks with the forced block_n,
-    so the plan stays consistent; block_m always follows the group size."""
+    so the plan stays consistent; block_m always follows the group size. fused_merge: whether a
+    split plan merges in its split kernel (FUSED_MERGE_MAX_SPLITS) or launches the merge kernel."""
     forced = {k: v for k, v in dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages).items()
               if v is not None}
     for k, v in forced.items():
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"tile_override: {k} must be an int >= 1, got {v!r}")
+    if fused_merge is not None:
+        if not isinstance(fused_merge, bool):
+            raise ValueError(f"tile_override: fused_merge must be a bool, got {fused_merge!r}")
+        forced["fused_merge"] = fused_merge
     token = _TILE_OVERRIDE.set(forced or None)
     try:
         yield
@@ -120,8 +126,13 @@ def tile_override(block_n: int | None = None, num_warps: int | None = None, num_
 
 
 def _overridden(tile: TileConfig) -> TileConfig:
-    forced = _TILE_OVERRIDE.get()
+    forced = {k: v for k, v in (_TILE_OVERRIDE.get() or {}).items() if k != "fused_merge"}
     return replace(tile, **forced) if forced else tile
+
+
+def fused_merge(rule_fuses: bool) -> bool:
+    """The fused-merge decision of a split plan: the rule's, or tile_override's fused_merge."""
+    return (_TILE_OVERRIDE.get() or {}).get("fused_merge", rule_fuses)
 
 
 def tile_config(head_dim: int, rows: int, splitting: bool = True, kv_fp8: bool = False) -> TileConfig:
@@ -375,14 +386,17 @@ CUTLASS_PDL = True
 CUTLASS_FUSED_MERGE_MAX_SPLITS = MAX_SPLITS
 
 
-# The unsplit tile (block_n 128, 2 stages) also serves split plans whose CTAs stream long chunks: a
+# A backend's unsplit tile (block_n 128) also serves split plans whose CTAs stream long chunks: a
 # plan's tile is fixed when it is made, its split counts only on the device, so the plan asks how many
-# keys one CTA streams when every request is at the length bound (uniform_chunk_keys). H200 sweep
-# (2026-12-01, graph replay, results/2026-12-01-h200-lean/sweep_*.json): B=4 MHA 32K, whose auto
+# keys one CTA streams when every request is at the length bound (uniform_chunk_keys). H200, graph
+# replay: cutlass (2026-12-01, results/2026-12-01-h200-lean/sweep_*.json) B=4 MHA 32K, whose auto
 # plan has a 16-split grid of which the device uses 1, took 556.3 us with n64 s3 against 478.1 with
-# the n128 s2 plan of num_splits=1; B=16 GQA 32/8 128K 2191.7 vs 1907.4. At 2K-8K-key chunks n64 s3
-# stays (B=1 GQA 32K above; B=1 GQA 128K, 8K chunks, 122.3 us).
-CUTLASS_LONG_CHUNK_KEYS = 16384
+# the n128 s2 plan of num_splits=1; B=16 GQA 32/8 128K 2191.7 vs 1907.4. Triton (2026-12-02,
+# results/2026-12-02-h200-tune/tiles_long.md, the planner's 2 splits of 16K / 64K keys): B=4 MHA 32K
+# 64x4x3 533.5 us, 64x4x4 490.1, 128x4x3 485.0; B=16 GQA 128K 2185.3 / 1937.9 / 1913.3. At 1K-8K-key
+# chunks the 64-key tile stays (B=1 GQA 32K; B=1 GQA 128K, 4K chunks: Triton 130.1 vs 134.0 at
+# 128x4x3).
+LONG_CHUNK_KEYS = 16384
 
 
 def uniform_chunk_keys(rule: "SplitRule", batch: int, bound: int) -> int:
@@ -396,7 +410,7 @@ def uniform_chunk_keys(rule: "SplitRule", batch: int, bound: int) -> int:
 def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: int, batch_invariant: bool) -> bool:
     """Whether a plan takes its backend's unsplit tile although its grid may split (the tile is fixed
     when the plan is made, the split counts only on the device): the CTAs of a uniform batch at the
-    length bound stream long chunks. cutlass: chunks >= CUTLASS_LONG_CHUNK_KEYS. Triton: one chunk
+    length bound stream long chunks: chunks >= LONG_CHUNK_KEYS, and for Triton also one chunk
     per request (the device splits nothing at the bound); H200 tile sweep (2026-12-02, graph replay,
     bf16 D 128, results/2026-12-02-h200-tune/tiles.md), split tile 64x4x3 vs unsplit 128x4x3:
     B=16 MHA 32K 2296.1 vs 1854.7 us, B=64 GQA 32/8 32K 2253.4 vs 1846.0, B=16 MHA 4K 288.1 vs 244.0,
@@ -405,9 +419,7 @@ def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: in
     if batch_invariant or batch == 0:
         return False
     chunk = uniform_chunk_keys(rule, batch, bound)
-    if backend == "cutlass":
-        return chunk >= CUTLASS_LONG_CHUNK_KEYS
-    return chunk >= bound
+    return chunk >= LONG_CHUNK_KEYS or (backend != "cutlass" and chunk >= bound)
 
 
 def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> tuple[int, int]:
@@ -420,7 +432,7 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
     needs block_n >= 64 (16 keys per warp for the 4 key-split warps), so 64 KB stages, 2 of them.
 
     Unsplit plans at D = 128 (one CTA streams a whole sequence; B >= 16 grids of 256-512 CTAs), and
-    split plans whose CTAs stream >= CUTLASS_LONG_CHUNK_KEYS keys (plan.build passes splitting=False):
+    split plans whose CTAs stream >= LONG_CHUNK_KEYS keys (plan.build passes splitting=False):
     block_n 128, 2 stages (128 KB, one CTA per SM). H200 tile sweep (2026-12-02, graph replay, bf16,
     `python -m splitkv bench --sweep-tiles`, results/2026-12-02-h200-tune/tiles.md), n64 s3 / n128 s3 /
     n128 s2: B=16 MHA 32K 1871.1 / 1859.1 / 1875.0 us; B=64 GQA 32/8 32K 1861.3 / 1851.7 / 1849.1

@@ -256,7 +256,8 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
                           kv_fp8=prob.kv_fp8)
         tile = H.TileConfig(t.block_m, t.block_n, t.num_warps, H.launch_stages(t, paged))
         fuse = name == "triton" and 1 < rule.max_splits <= H.FUSED_MERGE_MAX_SPLITS
-    fuse = fuse and not batch_invariant  # one merge path (the merge kernel) for every batch
+    fuse = H.fused_merge(fuse) and name != "torch" and rule.max_splits > 1 and not batch_invariant  # one merge
+    # path for a batch-invariant plan: the merge kernel
     B, S = prob.batch, rule.max_splits
     pad = -(-max(B, 1) // 4) * 4  # 16-byte aligned rows: Triton specialises pointers on alignment
     items = (H.work_items(rule, B) or 0) if name == "triton" else 0

@@ -464,3 +464,12 @@ def test_tile_override_is_scoped_and_checked():
     with pytest.raises(ValueError, match="block_n"):
         with H.tile_override(block_n=0):
             pass
+    assert H.fused_merge(False) is False
+    with H.tile_override(fused_merge=True):
+        assert H.fused_merge(False) is True and H.tile_config(128, 4) == base
+    from splitkv.bench.sweep import parse_tiles
+
+    assert parse_tiles("64x4x3,128x4x2:fused,64x4x3:merge", "triton") == [(64, 4, 3, None), (128, 4, 2, True),
+                                                                          (64, 4, 3, False)]
+    with pytest.raises(ValueError, match=":fused or :merge"):
+        parse_tiles("64x4x3:both", "triton")

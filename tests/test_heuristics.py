@@ -117,7 +117,7 @@ def test_print_plan(capsys, monkeypatch):
 @pytest.mark.parametrize("backend", ["triton", "cutlass"])
 def test_plans_that_stream_whole_sequences_take_the_unsplit_tile(backend):
     """A plan's grid may split, but when a uniform batch at its bound gets one chunk per request
-    (triton) or chunks of >= CUTLASS_LONG_CHUNK_KEYS (cutlass) its CTAs stream whole sequences and
+    (triton) or chunks of >= LONG_CHUNK_KEYS (both) its CTAs stream whole sequences and
     the backend's unsplit tile (block_n 128) serves them; plans that split keep block_n 64, and a
     batch-invariant plan keeps one tile whatever the batch."""
     import splitkv
@@ -129,6 +129,9 @@ def test_plans_that_stream_whole_sequences_take_the_unsplit_tile(backend):
     assert tile(64, 32768, 32, 8) == (128, tile(64, 32768, 32, 8)[1])
     assert tile(1, 32768, 32, 8)[0] == 64  # 16-32 chunks of 1-2K keys
     assert tile(16, 4096, 32, 32, batch_invariant=True)[0] == 64
+    assert tile(4, 32768, 32, 32)[0] == 128  # 2 chunks of 16K keys
+    assert tile(16, 131072, 32, 8)[0] == 128  # 2 chunks of 64K keys
+    assert tile(1, 131072, 32, 8)[0] == 64  # 16-33 chunks of 4-8K keys
     if backend == "triton":
         bn, splits = tile(16, 4096, 32, 32)
         assert bn == 128 and splits > 1  # a split grid of which a uniform batch uses one split per request

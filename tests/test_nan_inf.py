@@ -79,6 +79,26 @@ def test_triton_backend_nan_propagates(num_splits):
     _check(o, lse, q, k, v, sl)
 
 
+@pytest.mark.parametrize("num_splits", [5, 9, 13])
+def test_triton_fused_merge_of_many_splits(num_splits, monkeypatch):
+    """The fused merge walks the splits MERGE_UNROLL at a time: split counts that are not a multiple
+    of it, with NaN and empty rows, merge like the reference (and like the merge kernel)."""
+    from splitkv import heuristics
+
+    q, k, v, sl = make_inputs(B, 1, HQ, HKV, D, [1000, 900, 0], FP16, seed=4)  # up to 15 splits of 64 keys
+    q[0, :, 1] = NAN
+    k[1, 500, 1, 7] = NAN
+    v[1, 11, 0, 3] = NAN
+    unfused = splitkv.decode(q, k, v, sl, num_splits=num_splits, return_lse=True, backend="triton")
+    monkeypatch.setattr(heuristics, "FUSED_MERGE_MAX_SPLITS", heuristics.MAX_SPLITS)
+    splitkv.clear_plans()
+    p = splitkv.plan(sl, q.shape[2], k.shape[2], q.shape[3], num_splits=num_splits, backend="triton")
+    assert p.fuse and p.max_splits == num_splits
+    o, lse = splitkv.decode(q, k, v, sl, plan=p, return_lse=True, backend="triton")
+    _check(o, lse, q, k, v, sl)
+    assert torch.allclose(o.float(), unfused[0].float(), atol=1e-2, equal_nan=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "cutlass"])
 @pytest.mark.parametrize("num_splits", [1, 3, 40])

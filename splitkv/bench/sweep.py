@@ -38,18 +38,22 @@ def parse_range(text: str) -> range:
 DEFAULT_TILES = {"triton": "64x4x3,64x4x4,128x4x3,128x8x3,32x4x4,64x8x3", "cutlass": "64x4x3,128x4x3,128x4x2"}
 
 
-def parse_tiles(text: str, backend: str) -> list[tuple[int, int, int]]:
-    """'64x4x3,128x4x2' -> [(64, 4, 3), (128, 4, 2)]; 'default' -> the backend's DEFAULT_TILES."""
+def parse_tiles(text: str, backend: str) -> list[tuple[int, int, int, bool | None]]:
+    """'64x4x3,128x4x2:fused' -> [(64, 4, 3, None), (128, 4, 2, True)]; ':fused' / ':merge' force the
+    split kernel's own merge or the merge kernel; 'default' -> the backend's DEFAULT_TILES."""
     text = DEFAULT_TILES.get(backend, DEFAULT_TILES["triton"]) if text == "default" else text
     tiles = []
     for item in (t.strip() for t in text.split(",") if t.strip()):
+        body, _, merge = item.lower().partition(":")
+        if merge not in ("", "fused", "merge"):
+            raise ValueError(f"--sweep-tiles: the suffix of {item!r} must be :fused or :merge")
         try:
-            bn, w, st = (int(x) for x in item.lower().split("x"))
+            bn, w, st = (int(x) for x in body.split("x"))
         except ValueError:
             raise ValueError(f"--sweep-tiles: expected BLOCK_NxWARPSxSTAGES items (e.g. 64x4x3), got {item!r}") from None
         if min(bn, w, st) < 1:
             raise ValueError(f"--sweep-tiles: every field must be >= 1, got {item!r}")
-        tiles.append((bn, w, st))
+        tiles.append((bn, w, st, {"": None, "fused": True, "merge": False}[merge]))
     if not tiles:
         raise ValueError(f"--sweep-tiles: no tile in {text!r}")
     return tiles
@@ -124,8 +128,9 @@ def sweep_shape(shape, backend: str, cfg: Config, splits: range, dtype: str = "b
     }
 
 
-def _tile_text(tile) -> str:
-    return f"{tile.block_n}x{tile.num_warps}x{tile.num_stages}"
+def _tile_text(tile, fuse: bool | None = None) -> str:
+    return f"{tile.block_n}x{tile.num_warps}x{tile.num_stages}" + ("" if fuse is None else
+                                                                   (":fused" if fuse else ":merge"))
 
 
 def sweep_tiles(shape, backend: str, cfg: Config, tiles: list, dtype: str = "bf16", on_step=None) -> dict:
@@ -134,23 +139,25 @@ def sweep_tiles(shape, backend: str, cfg: Config, tiles: list, dtype: str = "bf1
     planner = t.plan(None)
     planner_us = t.time(planner)
     curve = []
-    for bn, w, st in tiles:
+    for bn, w, st, fuse in tiles:
+        name = f"{bn}x{w}x{st}" + ("" if fuse is None else (":fused" if fuse else ":merge"))
         try:
-            with H.tile_override(block_n=bn, num_warps=w, num_stages=st):
+            with H.tile_override(block_n=bn, num_warps=w, num_stages=st, fused_merge=fuse):
                 p = t.plan(None)
-            curve.append({"tile": f"{bn}x{w}x{st}", "launched": _tile_text(p.tile), "splits": _effective_splits(p),
-                          "us": t.time(p)})
+            curve.append({"tile": name, "launched": _tile_text(p.tile, p.fuse if p.max_splits > 1 else None),
+                          "splits": _effective_splits(p), "us": t.time(p)})
         except Exception as exc:  # a tile the kernel rejects (shared memory, registers): reported, not fatal
-            curve.append({"tile": f"{bn}x{w}x{st}", "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"})
+            curve.append({"tile": name, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"})
         if on_step:
-            on_step(shape.name, f"tile {bn}x{w}x{st}")
+            on_step(shape.name, f"tile {name}")
     timed = [c for c in curve if "us" in c]
     best = min(timed, key=lambda c: c["us"]) if timed else {"tile": None, "us": float("nan")}
     t.case.release()
-    spec = ",".join(f"{bn}x{w}x{st}" for bn, w, st in tiles)
+    spec = ",".join(c["tile"] for c in curve)
     return {
         "shape": shape.name, "mode": "graph" if t.graph else "eager", "backend": backend, "dtype": dtype,
-        "sweep": "tiles", "planner_tile": _tile_text(planner.tile), "planner_us": planner_us,
+        "sweep": "tiles", "planner_tile": _tile_text(planner.tile, planner.fuse if planner.max_splits > 1 else None),
+        "planner_us": planner_us,
         "planner_plan": planner.describe(), "best_tile": best["tile"], "best_us": best["us"],
         "regret_pct": 100.0 * (planner_us / best["us"] - 1.0), "curve": curve,
         "cmd": t.cmd(f"--sweep-tiles {spec} --sweep-only"),
