@@ -70,7 +70,11 @@ MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
 # the H200 (graph replay, bf16 D=128, 2026-11-29): with 8 splits fused wins (B=4 GQA 4K 26.5 us vs
 # 28.3; B=1 MHA 4K 25.5 vs 28.0; B=1 MHA 32K 128.9 vs 131.9); with 16-33 splits the merging block's
 # serial walk over the splits costs more than the launch it saves (B=1 GQA 4K 17.0 vs 14.3 us;
-# 32K 52.2 vs 44.5), so the separate, row-parallel merge kernel runs instead.
+# 32K 52.2 vs 44.5), so the separate, row-parallel merge kernel runs instead. 2026-12-02 (graph,
+# results/2026-12-02-h200-tune/fuse_graph.md; the fused merge then read 4 splits per loop trip, which
+# did not help and was dropped): 16-33 splits still lose (B=1 GQA 4K 15.2 vs 11.6 us, 32K 46.8 vs
+# 40.1, 128K 134.6 vs 127.8), and at 8 splits the merge kernel led (B=1 MHA 4K 22.7 vs 24.2; eager
+# 32.0 vs 32.2): the 8 stays on the 2026-11-29 evidence until a same-run A/B at B=4 GQA 4K says more.
 FUSED_MERGE_MAX_SPLITS = 8
 
 # Notional SM count when planning for a CPU tensor (torch backend): it runs all splits as one

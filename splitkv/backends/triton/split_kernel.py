@@ -102,42 +102,32 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
     return m_new, l_i, acc
 
 
-# Splits the fused merge reads per loop trip: their loads are independent of each other, so
-# MERGE_UNROLL L2 round trips overlap instead of following one another (the merging block walks the
-# splits of its rows itself; heuristics.FUSED_MERGE_MAX_SPLITS).
-MERGE_UNROLL = tl.constexpr(4)
-
-
 @triton.jit
 def _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n, s_ps, s_ls, o_rows, lse_rows, row_ok, d_ok, sink,
-                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr, UNROLL: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr):
     """Exact merge of n normalised partials of BLOCK_M rows (same math and NaN / empty rules as
-    merge_kernel.py), UNROLL splits per trip. Loads bypass L1 (.cg): the partials were written by
-    other SMs."""
+    merge_kernel.py). Loads bypass L1 (.cg): the partials were written by other SMs."""
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     s = tl.full((), 0, tl.int64)  # 64-bit: s * s_ps may pass 2^31
     while s < n:
-        for i in tl.static_range(UNROLL):
-            ls = tl.load(LSE_PART + (s + i) * s_ls + l_rows, mask=row_ok & (s + i < n), other=float("-inf"),
-                         cache_modifier=".cg")
-            m = tl.maximum(m, tl.where(ls == float("inf"), float("-inf"), ls))
-        s += UNROLL
+        ls = tl.load(LSE_PART + s * s_ls + l_rows, mask=row_ok, other=float("-inf"),
+                     cache_modifier=".cg")
+        m = tl.maximum(m, tl.where(ls == float("inf"), float("-inf"), ls))
+        s += 1
     m_use = tl.where(m == float("-inf"), 0.0, m)
     den = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     s = tl.full((), 0, tl.int64)
     while s < n:
-        for i in tl.static_range(UNROLL):
-            ls = tl.load(LSE_PART + (s + i) * s_ls + l_rows, mask=row_ok & (s + i < n), other=float("-inf"),
-                         cache_modifier=".cg")
-            empty = (ls == float("-inf")) | (ls == float("inf"))  # weight exactly 0, o never read
-            w = tl.where(empty, 0.0, tl.exp(ls - m_use))  # NaN lse -> NaN weight: propagates
-            live = w != 0.0  # NaN != 0: a NaN partial is read and poisons the row, as it must
-            o = tl.load(O_PART + (s + i) * s_ps + p_rows, mask=live[:, None] & d_ok[None, :], other=0.0,
-                        cache_modifier=".cg")
-            acc += tl.where(live[:, None], o * w[:, None], 0.0)
-            den += w
-        s += UNROLL
+        ls = tl.load(LSE_PART + s * s_ls + l_rows, mask=row_ok, other=float("-inf"),
+                     cache_modifier=".cg")
+        empty = (ls == float("-inf")) | (ls == float("inf"))  # weight exactly 0, o never read
+        w = tl.where(empty, 0.0, tl.exp(ls - m_use))  # NaN lse -> NaN weight: propagates
+        live = w != 0.0  # NaN != 0: a NaN partial is read and poisons the row, as it must
+        o = tl.load(O_PART + s * s_ps + p_rows, mask=live[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+        acc += tl.where(live[:, None], o * w[:, None], 0.0)
+        den += w
+        s += 1
     has = den != 0.0  # NaN passes; only a row with no live partial is 0 / -inf
     out = tl.where(has[:, None], acc / tl.where(has, den, 1.0)[:, None], 0.0)
     lse = tl.where(has, m_use + tl.log(tl.where(has, den, 1.0)), float("-inf"))
@@ -270,4 +260,4 @@ def split_kernel(
             if arrived == n_splits - 1:
                 tl.atomic_xchg(COUNTERS + pid, 0)
                 _merge_rows(O_PART, LSE_PART, O, LSE, p_rows, l_rows, n_splits, s_ps, s_ls,
-                            o_rows, lse_rows, row_ok, d_ok, sink, BLOCK_M, BLOCK_D, SINKS, MERGE_UNROLL)
+                            o_rows, lse_rows, row_ok, d_ok, sink, BLOCK_M, BLOCK_D, SINKS)
