@@ -136,3 +136,25 @@ def test_plans_that_stream_whole_sequences_take_the_unsplit_tile(backend):
         bn, splits = tile(16, 4096, 32, 32)
         assert bn == 128 and splits > 1  # a split grid of which a uniform batch uses one split per request
         assert tile(16, 4096, 32, 32, paged=True)[0] == 128
+
+
+def test_unsplit_tile_plans_decode_ragged_batches_exactly():
+    """A Triton plan that took the 128-key tile because a uniform batch at its bound streams whole
+    sequences still splits a ragged batch on the device (chunks sized in the rule's tiles): every
+    split and its merge stay exact (interpreted Triton on the CPU, the fp64 reference)."""
+    import splitkv
+    from helpers import assert_close_to_reference, make_inputs, to_paged
+
+    lens = [1487, 100, 7]
+    q, k, v, sl = make_inputs(3, 1, 4, 2, 64, lens, torch.float16, seed=5)
+    p = splitkv.plan(sl, 4, 2, 64, backend="triton", num_sms=4, max_seqlen=1500)
+    assert p.tile.block_n == 128 and p.max_splits > 1
+    p.refresh(sl)
+    assert int(p.num_splits[0]) > 1  # the long request splits
+    o, lse = splitkv.decode(q, k, v, sl, plan=p, backend="triton", return_lse=True)
+    assert_close_to_reference(o, lse, q, k, v, sl)
+    kp, vp, bt = to_paged(k, v, lens, 16)
+    pp = splitkv.plan(sl, 4, 2, 64, backend="triton", num_sms=4, max_seqlen=1500, paged=True)
+    assert pp.tile.block_n == 128
+    o, lse = splitkv.decode(q, kp, vp, sl, block_table=bt, plan=pp, backend="triton", return_lse=True)
+    assert_close_to_reference(o, lse, q, k, v, sl)
