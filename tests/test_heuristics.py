@@ -121,6 +121,10 @@ def test_plans_that_stream_whole_sequences_take_the_unsplit_tile(backend):
     the backend's unsplit tile (block_n 128) serves them; plans that split keep block_n 64, and a
     batch-invariant plan keeps one tile whatever the batch."""
     import splitkv
+    from splitkv.backends import cutlass
+
+    if backend == "cutlass" and not cutlass.available():
+        pytest.skip("nvidia-cutlass-dsl not installed (cutlass plans need it)")
 
     def tile(B, L, hq, hkv, **kw):
         p = splitkv.plan(torch.full((B,), L, dtype=torch.int32), hq, hkv, 128, backend=backend, num_sms=132, **kw)
@@ -142,8 +146,9 @@ def test_unsplit_tile_plans_decode_ragged_batches_exactly():
     """A Triton plan that took the 128-key tile because a uniform batch at its bound streams whole
     sequences still splits a ragged batch on the device (chunks sized in the rule's tiles): every
     split and its merge stay exact (interpreted Triton on the CPU, the fp64 reference)."""
-    import splitkv
     from helpers import assert_close_to_reference, make_inputs, to_paged
+
+    import splitkv
 
     lens = [1487, 100, 7]
     q, k, v, sl = make_inputs(3, 1, 4, 2, 64, lens, torch.float16, seed=5)
