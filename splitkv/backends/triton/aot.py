@@ -107,10 +107,14 @@ def split_variants():
             yield _split_constexprs(D, 4, paged, False, True, var)
     for D, paged, splitting in itertools.product((64, 128), (False, True), (True, False)):
         yield _split_constexprs(D, 4, paged, False, splitting, FP8_PER_HEAD)
+    for D, rows, paged in itertools.product((64, 128), (1, 4, 32), (False, True)):  # split grids on the
+        yield _split_constexprs(D, rows, paged, False, True, NO_VARIANT, whole=True)  # unsplit tile
 
 
-def _split_constexprs(D, rows, paged, causal, splitting, var):
-    tile = H.tile_config(D, rows, splitting, kv_fp8=var["KV_FP8"])
+def _split_constexprs(D, rows, paged, causal, splitting, var, whole=False):
+    """whole: a split plan whose CTAs stream whole sequences (heuristics.streams_whole_sequences):
+    the unsplit tile with the split kernel's work list and fused merge."""
+    tile = H.tile_config(D, rows, splitting and not whole, kv_fp8=var["KV_FP8"])
     G, SQ = (rows, 1) if rows <= 16 else (16, rows // 16)
     return dict(NUM_KV_HEADS=8, M_TILES=H.query_tiles(rows, tile.block_m), G=G, SQ=SQ, HEAD_DIM=D,
                 BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
