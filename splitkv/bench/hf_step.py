@@ -173,7 +173,7 @@ def run_meta(device, command: str, argv) -> dict:
     meta = collect_meta(device, [], 0.0)
     meta.pop("sol_tbps")
     meta.pop("byte_model")
-    meta.update(command=f"python -m splitkv bench {command} " + " ".join(sys.argv[2:] if argv is None else argv),
+    meta.update(command=f"python -m splitkv bench {command} " + " ".join(sys.argv[1:] if argv is None else argv),
                 transformers=_version("transformers"))
     return meta
 

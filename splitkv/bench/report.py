@@ -350,14 +350,14 @@ def print_sweep(console, sweep: list[dict]) -> None:
 
     tiles = bool(sweep) and sweep[0].get("sweep") == "tiles"
     what = "tile" if tiles else "splits"
-    table = Table(title=f"{'tile' if tiles else 'num_splits'} sweep: planner's pick vs best measured")
+    table = Table(title=f"{what if tiles else 'num_splits'} sweep: planner's pick vs best measured")
     for col in ("shape", "mode", f"planner {what}", "planner µs", f"best {what}", "best µs", "regret %"):
         table.add_column(col, justify="left" if col in ("shape", "mode") else "right")
     for s in sweep:
         regret = s["regret_pct"]
         color = "green" if regret is not None and regret <= 5 else "red"
-        table.add_row(s["shape"], s["mode"], str(s[f"planner_{'tile' if tiles else 'splits'}"]),
-                      _f(s["planner_us"], ".1f"), str(s[f"best_{'tile' if tiles else 'splits'}"]),
+        table.add_row(s["shape"], s["mode"], str(s[f"planner_{what}"]),
+                      _f(s["planner_us"], ".1f"), str(s[f"best_{what}"]),
                       _f(s["best_us"], ".1f"), f"[{color}]{_f(regret, '.1f')}[/]")
     console.print(table)
 

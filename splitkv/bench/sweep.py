@@ -128,9 +128,14 @@ def sweep_shape(shape, backend: str, cfg: Config, splits: range, dtype: str = "b
     }
 
 
-def _tile_text(tile, fuse: bool | None = None) -> str:
-    return f"{tile.block_n}x{tile.num_warps}x{tile.num_stages}" + ("" if fuse is None else
-                                                                   (":fused" if fuse else ":merge"))
+def _tile_name(block_n: int, warps: int, stages: int, fuse: bool | None) -> str:
+    """The --sweep-tiles spelling: BNxWxS, with :fused / :merge when the merge choice is given."""
+    return f"{block_n}x{warps}x{stages}" + ("" if fuse is None else (":fused" if fuse else ":merge"))
+
+
+def _plan_tile(p) -> str:
+    """What a plan launches, in that spelling (the merge choice only when it splits)."""
+    return _tile_name(p.tile.block_n, p.tile.num_warps, p.tile.num_stages, p.fuse if p.max_splits > 1 else None)
 
 
 def sweep_tiles(shape, backend: str, cfg: Config, tiles: list, dtype: str = "bf16", on_step=None) -> dict:
@@ -140,11 +145,11 @@ def sweep_tiles(shape, backend: str, cfg: Config, tiles: list, dtype: str = "bf1
     planner_us = t.time(planner)
     curve = []
     for bn, w, st, fuse in tiles:
-        name = f"{bn}x{w}x{st}" + ("" if fuse is None else (":fused" if fuse else ":merge"))
+        name = _tile_name(bn, w, st, fuse)
         try:
             with H.tile_override(block_n=bn, num_warps=w, num_stages=st, fused_merge=fuse):
                 p = t.plan(None)
-            curve.append({"tile": name, "launched": _tile_text(p.tile, p.fuse if p.max_splits > 1 else None),
+            curve.append({"tile": name, "launched": _plan_tile(p),
                           "splits": _effective_splits(p), "us": t.time(p)})
         except Exception as exc:  # a tile the kernel rejects (shared memory, registers): reported, not fatal
             curve.append({"tile": name, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"})
@@ -156,7 +161,7 @@ def sweep_tiles(shape, backend: str, cfg: Config, tiles: list, dtype: str = "bf1
     spec = ",".join(c["tile"] for c in curve)
     return {
         "shape": shape.name, "mode": "graph" if t.graph else "eager", "backend": backend, "dtype": dtype,
-        "sweep": "tiles", "planner_tile": _tile_text(planner.tile, planner.fuse if planner.max_splits > 1 else None),
+        "sweep": "tiles", "planner_tile": _plan_tile(planner),
         "planner_us": planner_us,
         "planner_plan": planner.describe(), "best_tile": best["tile"], "best_us": best["us"],
         "regret_pct": 100.0 * (planner_us / best["us"] - 1.0), "curve": curve,
