@@ -28,6 +28,8 @@ from multiprocessing import get_context
 from .constants import BACKEND_CHOICES, HEAD_DIMS
 from .constants import LOW_DTYPE_NAMES as DTYPES
 
+VARIANT_MODS = ("softcap", "alibi", "window")  # SplitConfig's variant flags
+
 _PTXAS_RE = {
     "registers": re.compile(r"Used (\d+) registers"),
     "spill_stores": re.compile(r"(\d+) bytes spill stores"),
@@ -90,7 +92,7 @@ def _compile_one(kind: str, fields: tuple, arch: str, dump_root: str) -> dict:
 
 
 def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_sizes=None, q_lens=None,
-             layouts=None) -> list[tuple[str, tuple]]:
+             layouts=None, mods=None) -> list[tuple[str, tuple]]:
     """(kind, config fields) of the CuTe DSL variants to compile; each filter None = no restriction.
 
     head_dims: ints; dtypes: names ("bfloat16", "float16"); layouts: "dense" / "paged" (split
@@ -98,8 +100,10 @@ def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_size
     gives them (heuristics.tile_config: block_m from group size x Sq); give group_sizes to use
     q_lens (q_lens default (1,)). Merge kernels are kept for the head dims and output dtypes
     asked, with float32 partials (decode's) and partials in those dtypes (merge_states').
+    mods: attention-variant options compiled into the split kernels ("softcap", "alibi", "window";
+    default none: plain kernels; sinks need no kernel of their own).
     """
-    from dataclasses import astuple
+    from dataclasses import astuple, replace
 
     from splitkv import heuristics as H
     from splitkv.backends.cutlass.config import merge_variants, split_variants
@@ -117,6 +121,8 @@ def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_size
     merges = [c for c in merge_variants()
                 if (head_dims is None or c.head_dim in head_dims)
                 and (dtypes is None or (c.out_dtype in dtypes and c.part_dtype in ("float32", *dtypes)))]
+    if mods:
+        splits = [replace(c, **{m: True for m in mods}) for c in splits]
     out = [("split", astuple(c)) for c in splits] + [("merge", astuple(c)) for c in merges]
     if only:
         rx = re.compile(only)
@@ -234,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     flt.add_argument("--q-lens", type=_list(int, tuple(range(1, 17))),
                    help="query tokens per decode (Sq; > 1 for speculative verify), e.g. 1,4 (default 1)")
     flt.add_argument("--layouts", type=_list(str, ("dense", "paged")), help="KV cache layouts: dense,paged")
+    flt.add_argument("--variants", type=_list(str, VARIANT_MODS),
+                     help="attention variants compiled into the split kernels, e.g. softcap,alibi,window "
+                          "(default: plain kernels; compile only)")
     w = ap.add_argument_group("warm-up on a GPU")
     w.add_argument("--warmup", action="store_true",
                    help="run splitkv.warmup (real first calls on this machine's GPU) instead of compiling")
@@ -259,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         print(INSTALL_HINT, file=sys.stderr)
         return 2
     todo = variants(args.only, head_dims=args.head_dims, dtypes=args.dtypes, group_sizes=group_sizes,
-                    q_lens=args.q_lens, layouts=args.layouts)
+                    q_lens=args.q_lens, layouts=args.layouts, mods=args.variants)
     if not todo:
         print("no variant matches the filters (--only / --head-dims / --dtypes / --heads / --group-sizes / "
               "--q-lens / --layouts)", file=sys.stderr)

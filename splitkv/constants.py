@@ -5,7 +5,14 @@ import math
 BACKENDS = ("torch", "triton", "cutlass")  # the implementations; `auto` picks one of them
 BACKEND_CHOICES = ("auto",) + BACKENDS  # what `backend=` accepts
 
-HEAD_DIMS = (64, 128, 256)  # the head dims the CuTe DSL kernels are built for (prebuilt by `compile`)
+HEAD_DIMS = (64, 80, 96, 128, 192, 256)  # the head dims the CuTe DSL kernels are built for (prebuilt by `compile`)
+SMEM_COLS = 64  # the CuTe kernels hold D in 64-column swizzled smem atoms: 80 and 96 run padded to 128
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The head dim the CuTe split kernel computes on (smem tiles, MMA): D rounded up to SMEM_COLS;
+    the padding columns are zeros in shared memory and never read from or written to global memory."""
+    return -(-head_dim // SMEM_COLS) * SMEM_COLS
 HEAD_DIM_RANGE = (32, 256)  # torch and triton take every multiple of 8 in this range
 LOW_DTYPE_NAMES = ("float16", "bfloat16")  # the GPU backends' input dtypes, as torch names them
 

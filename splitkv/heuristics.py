@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .constants import UNBOUNDED
+from .constants import UNBOUNDED, padded_head_dim
 
 # Aim for this many resident blocks per SM when splitting. One wave of single blocks leaves no
 # block to hide a neighbour's tail or its prologue; two per SM fit (a 64x128 fp32 accumulator plus
@@ -445,8 +445,10 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
     n128 s2: B=16 MHA 32K 1871.1 / 1859.1 / 1875.0 us; B=64 GQA 32/8 32K 1861.3 / 1851.7 / 1849.1
     (within 1%: n128 s2 led by 1-2% on 2026-11-29, NOTES #14). Split plans keep n64 s3: B=1 GQA 32K
     36.3 us vs 36.7 (n128 s3) and 38.0 (n128 s2); B=1 GQA 4K 10.0 / 9.8 / 10.5. Paged unsplit plans
-    keep n64 s3: page 16, B=16 MHA 32K 1883.5 / 1884.8 / 1990.1.
+    keep n64 s3: page 16, B=16 MHA 32K 1883.5 / 1884.8 / 1990.1. D 80 / 96 take D 128's tiles (their
+    smem tiles are 128 columns wide); D 192, like 256, 64-key stages x 2 (48 KB each).
     """
+    head_dim = padded_head_dim(head_dim)  # 80 and 96 run on 128-column tiles (constants.padded_head_dim)
     if head_dim == 64:
         block_n, stages = 128, 3
     elif head_dim == 128:

@@ -215,11 +215,11 @@ def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, var
     """backend="auto": torch on the CPU; on CUDA, cutlass where heuristics.auto_prefers_cutlass
     takes the plan (sm90, the CuTe DSL installed, a layout, head dim and variant it takes), Triton
     otherwise."""
-    cutlass_ok = variant.plain and prob.head_dim in CUTLASS_HEAD_DIMS and not prob.kv_fp8
+    cutlass_ok = prob.head_dim in CUTLASS_HEAD_DIMS and not prob.kv_fp8 and variant.fp8 is None
     if backend == "cutlass" and not cutlass_ok:  # before resolve(): this error holds on any machine
-        raise ValueError(f"backend: 'cutlass' runs head dims {CUTLASS_HEAD_DIMS} without attention variants "
-                         f"(window_size, softcap, sinks, alibi_slopes) or fp8 caches; got head dim {prob.head_dim}"
-                         f"{'' if variant.plain else ' with a variant or fp8 scales'}: use backend='triton' or 'auto'")
+        raise ValueError(f"backend: 'cutlass' runs head dims {CUTLASS_HEAD_DIMS} with bf16/fp16 caches (no fp8); "
+                         f"got head dim {prob.head_dim}{' with an fp8 cache' if prob.kv_fp8 else ''}: "
+                         f"use backend='triton' or 'auto'")
     name = backends.resolve(backend, device)
     if name == "cutlass" and not cutlass_ok:  # SPLITKV_BACKEND=cutlass over 'auto': what it cannot run goes to triton
         name = "triton"

@@ -54,20 +54,21 @@ def _launch():
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
         variant=None):
-    if variant is not None and not variant.plain:  # the plan never picks cutlass for one (plan.build)
-        raise ValueError("backend: 'cutlass' has no attention variants; use backend='triton' or 'auto'")
+    if variant is not None and variant.fp8 is not None:  # the plan never picks cutlass for one (plan.build)
+        raise ValueError("backend: 'cutlass' has no fp8 KV caches; use backend='triton' or 'auto'")
     _launch().run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale,
-                  causal)
+                  causal, None if variant is None or variant.plain else variant)
 
 
 def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=None):
-    if variant is not None and not variant.plain:  # never run here (plan.build), so never bound
+    if variant is not None and variant.fp8 is not None:  # never run here (plan.build), so never bound
         return None
-    return _launch().bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal)
+    return _launch().bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal,
+                          None if variant is None or variant.plain else variant)
 
 
-def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
-    _launch().merge(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)
+def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False, sinks=None):
+    _launch().merge(o_part, lse_part, num_splits, out, lse, skip_single=skip_single, sinks=sinks)
 
 
 __all__ = ["run", "bind", "merge", "available", "layout_ok", "rows_aligned", "INSTALL_HINT"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ... import heuristics as H
 from ...constants import HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from ...constants import LOW_DTYPE_NAMES
+from ...constants import LOW_DTYPE_NAMES, padded_head_dim
 
 # dtype names shared by the torch side (launch) and the DSL side (kernel classes)
 DTYPES = LOW_DTYPE_NAMES
@@ -39,6 +39,11 @@ class SplitConfig:
     tile, and keeps its own online-softmax state; the warps_n states of a row are merged once, in
     the epilogue. So block_m = 16 (a GQA group of 4..16 at Sq = 1) still keeps all 4 warps busy
     without padding M to 64 rows.
+
+    head_dim is the model's D; shared memory and the MMAs work on padded_dim (D rounded up to 64
+    columns: 80 and 96 run as 128, zero-padded in shared memory only). softcap / alibi / window
+    compile the attention variants' score code in (splitkv.variants; sinks are a runtime pointer:
+    they enter once per row, where a row's output is final).
     """
 
     dtype: str
@@ -47,6 +52,9 @@ class SplitConfig:
     block_n: int
     num_stages: int
     paged: bool
+    softcap: bool = False
+    alibi: bool = False
+    window: bool = False
     pdl: bool = H.CUTLASS_PDL  # programmatic dependent launch (see heuristics.CUTLASS_PDL)
 
     def __post_init__(self):
@@ -60,6 +68,10 @@ class SplitConfig:
             raise ValueError(f"num_stages: a cp.async pipeline needs >= 2 stages, got {self.num_stages}")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"{self}: needs {self.smem_bytes} B of shared memory, limit {SMEM_LIMIT}")
+
+    @property
+    def padded_dim(self) -> int:
+        return padded_head_dim(self.head_dim)
 
     @property
     def warps_m(self) -> int:
@@ -79,24 +91,25 @@ class SplitConfig:
 
     @property
     def kv_stage_bytes(self) -> int:
-        return 2 * self.block_n * self.head_dim * self.elem_bytes
+        return 2 * self.block_n * self.padded_dim * self.elem_bytes
 
     @property
     def reduce_bytes(self) -> int:
         """Epilogue scratch: every warp's fp32 [16, D] output and its row max / sum."""
-        pitch = self.head_dim + 4  # epilogue.scratch_layouts pads rows by 4 floats
+        pitch = self.padded_dim + 4  # epilogue.scratch_layouts pads rows by 4 floats
         return 4 * (self.warps_n * self.block_m * pitch + 2 * self.warps_n * self.block_m)
 
     @property
     def smem_bytes(self) -> int:
-        q = self.block_m * self.head_dim * self.elem_bytes
+        q = self.block_m * self.padded_dim * self.elem_bytes
         # the epilogue scratch reuses the K/V ring once the pipeline has drained
         return q + max(self.num_stages * self.kv_stage_bytes, self.reduce_bytes) + 1024
 
     @property
     def name(self) -> str:
+        mods = "".join(tag for on, tag in ((self.softcap, "_cap"), (self.alibi, "_alibi"), (self.window, "_win")) if on)
         return (f"split_{self.dtype}_d{self.head_dim}_m{self.block_m}_n{self.block_n}_s{self.num_stages}"
-                f"_{'paged' if self.paged else 'dense'}{'' if self.pdl else '_nopdl'}")
+                f"_{'paged' if self.paged else 'dense'}{mods}{'' if self.pdl else '_nopdl'}")
 
 
 @dataclass(frozen=True)
@@ -115,7 +128,16 @@ class MergeConfig:
 
     @property
     def elems_per_lane(self) -> int:
-        return self.head_dim // 32
+        """Contiguous columns per lane: a power of 2 (vector loads), so D / 32 rounded up to one;
+        lanes >= active_lanes hold no column (D 80: 4 x 20 lanes, 192: 8 x 24)."""
+        n = 1
+        while n * 32 < self.head_dim:
+            n *= 2
+        return n
+
+    @property
+    def active_lanes(self) -> int:
+        return self.head_dim // self.elems_per_lane
 
     @property
     def name(self) -> str:
@@ -134,7 +156,7 @@ def tile_for(head_dim: int, splitting: bool = True, paged: bool = False) -> tupl
 def split_config(dtype: str, head_dim: int, block_m: int, paged: bool, pdl: bool = H.CUTLASS_PDL,
                  splitting: bool = True) -> SplitConfig:
     block_n, stages = tile_for(head_dim, splitting, paged)
-    return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, pdl)
+    return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, pdl=pdl)
 
 
 def split_variants() -> list[SplitConfig]:

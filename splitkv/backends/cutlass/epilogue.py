@@ -6,8 +6,10 @@ sum over its keys). For a row with warps w = 0 .. warps_n - 1 (in index order: d
     lse = (m + log2 L) * ln 2        (natural log, as the API and the partials use)
 L == 0 (no key seen) gives o = 0, lse = -inf; L = NaN (NaN in q or a used key / value) passes the
 "saw a key" test L != 0 (unordered compare), so o and lse come out NaN, never 0 / -inf.
-A request with one split writes o (input dtype) and lse straight to the outputs; otherwise
-o_part [S, B, Hq, Sq, D] and lse_part [S, B, Hq, Sq] fp32.
+A request with one split writes o (input dtype) and lse straight to the outputs (joined first by
+the row's attention sink, when the call has sinks: splitkv.variants); otherwise o_part
+[S, B, Hq, Sq, D] and lse_part [S, B, Hq, Sq] fp32, without the sink (the merge adds it once).
+The scratch rows are the padded head dim wide (the accumulator's); items cover the real D only.
 """
 
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from cutlass import Float32, Int32, Int64
 
 from splitkv.backends.cutlass.config import NUM_THREADS
 from splitkv.backends.cutlass.paging import gmem_vec
-from splitkv.constants import LN2
+from splitkv.constants import LN2, LOG2E
 
 VEC = 4  # fp32 values per thread per store: 16-byte partial stores, 8-byte fp16/bf16 stores
 
@@ -61,6 +63,20 @@ class Outputs:
     part_strides: tuple
     lpart_addr: Int64
     lpart_strides: tuple
+    sinks: Int64  # float32 [Hq] attention-sink logits, or 0 (none)
+
+    @cute.jit
+    def head_of(self, p: Int32):
+        tok = p // self.group
+        return self.kvh * self.group + p - tok * self.group
+
+    @cute.jit
+    def sink_weight(self, p: Int32, lse: Float32):
+        """(w, lse') of a final row: joined by its head's sink when the call has sinks, else (1, lse)."""
+        w = Float32(1.0)
+        if self.sinks != 0:
+            w, lse = with_sink(lse, gmem_vec(Float32, self.sinks + Int64(self.head_of(p)) * 4, 1, 4)[0])
+        return w, lse
 
     @cute.jit
     def store(self, p: Int32, col: Int32, o, lse: Float32, write_lse):
@@ -90,15 +106,36 @@ class Outputs:
                 g_lse[0] = lse
 
 
+@cute.jit
+def with_sink(lse: Float32, sink: Float32):
+    """(w, lse') for a finished row joined by one more softmax term exp(sink) with no value (natural
+    log): lse' = log(exp(lse) + exp(sink)), o' = w o with w = exp(lse - lse'). No key (lse = -inf):
+    o stays 0, lse' = sink; sink = -inf changes nothing; NaN propagates (fmax drops it, exp2 keeps it)."""
+    lse, sink = Float32(lse), Float32(sink)
+    m = Float32(cute.arch.fmax(lse, sink))
+    none = m == -Float32.inf
+    m_use = Float32(0.0 if none else m)
+    both = Float32(cute.math.exp2(Float32((lse - m_use) * LOG2E), fastmath=True)
+                   + cute.math.exp2(Float32((sink - m_use) * LOG2E), fastmath=True))
+    total = Float32(-Float32.inf if none else m_use + cute.math.log(both, fastmath=False))
+    w = Float32(1.0 if none else cute.math.exp2(Float32((lse - total) * LOG2E), fastmath=True))
+    return w, total
+
+
 def tile_items(tidx: Int32, row0: Int32, block_m: int, head_dim: int):
     """This thread's (row in tile, first column, packed row p) items: the tile's block_m x (D / VEC)
     items of VEC columns, spread over the CTA's threads (a trace-time generator: the loop unrolls,
-    each item's index math emitted just before its body)."""
+    each item's index math emitted just before its body). When the items do not fill the last round
+    (D 80 / 96), the threads past the end get p = 2^30, which no `p < num_rows` test passes."""
     chunks = head_dim // VEC
-    for i in range(block_m * chunks // NUM_THREADS):
+    total = block_m * chunks
+    for i in range((total + NUM_THREADS - 1) // NUM_THREADS):
         idx = tidx + NUM_THREADS * i
         row = idx // chunks
-        yield row, (idx - row * chunks) * VEC, row0 + row
+        p = row0 + row
+        if (i + 1) * NUM_THREADS > total:
+            p = cutlass.select_(idx < total, p, Int32(1 << 30))
+        yield row, (idx - row * chunks) * VEC, p
 
 
 @cute.jit
@@ -122,4 +159,7 @@ def merge_and_store(sRed, sMax, sSum, outs: Outputs, tidx: Int32, row0: Int32, n
             has_key = total != 0.0  # unordered: NaN passes, so a NaN row stays NaN
             inv = 1.0 / total if has_key else 0.0
             lse = (m_use + cute.math.log2(total, fastmath=False)) * LN2 if has_key else -Float32.inf
-            outs.store(p, col, acc.load() * inv, lse, col == 0)
+            w = Float32(1.0)
+            if outs.single:
+                w, lse = outs.sink_weight(p, lse)
+            outs.store(p, col, acc.load() * (inv * w), lse, col == 0)

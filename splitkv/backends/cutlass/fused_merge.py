@@ -15,7 +15,8 @@ groups (online softmax over splits). Split order is fixed: deterministic. Semant
 kernel: an empty partial (lse -inf, or +inf) weighs exactly 0 and contributes nothing (selected
 away, so its o cannot leak NaN); a row whose every partial is empty gets o = 0, lse = -inf; a NaN
 partial (NaN in q or a used key / value) makes the row's o and lse NaN (fmax drops the NaN from
-the max, but its weight exp2(NaN) is NaN, and the tests are `!= 0`, which NaN passes).
+the max, but its weight exp2(NaN) is NaN, and the tests are `!= 0`, which NaN passes). A call
+with attention sinks joins each row's sink here, after the splits (epilogue.with_sink).
 """
 
 import cutlass
@@ -102,4 +103,5 @@ def merge_partials(outs, n_splits: Int32, tidx: Int32, row0: Int32, num_rows: In
             has_key = total != 0.0  # NaN passes: a NaN row stays NaN; only no live partial is 0 / -inf
             inv = 1.0 / total if has_key else 0.0
             lse = (m_run + cute.math.log(total, fastmath=False)) if has_key else -Float32.inf
-            outs.store(p, col, acc.load() * inv, lse, col == 0)
+            w, lse = outs.sink_weight(p, lse)  # the row's sink, once, here where its splits meet
+            outs.store(p, col, acc.load() * (inv * w), lse, col == 0)

@@ -13,10 +13,13 @@ import torch
 from splitkv.backends.cutlass import rows_aligned
 from splitkv.backends.cutlass.argpack import Packer
 from splitkv.backends.cutlass.cache import CACHE
-from splitkv.backends.cutlass.config import MergeConfig, SplitConfig
+from splitkv.backends.cutlass.config import HEAD_DIMS, MergeConfig, SplitConfig
 from splitkv.constants import LOG2E
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+# the split kernel's leading pointer arguments: q, k, v, lens, num_splits, chunks, table, o_part,
+# lse_part, out, lse, counters, sinks, alibi (what a bound launch passes per call)
+N_POINTERS = 14
 _PACKERS: dict[tuple[str, str], Packer] = {}
 
 
@@ -30,14 +33,15 @@ def fake_split_args():
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
 
-    return [Int64(0)] * 12 + [Int32(0)] * 9 + [Int64(0)] * 22 + [Float32(0.0), cute.runtime.make_fake_stream()]
+    return ([Int64(0)] * N_POINTERS + [Int32(0)] * 11 + [Int64(0)] * 22 + [Float32(0.0)] * 2
+            + [cute.runtime.make_fake_stream()])
 
 
 def fake_merge_args():
     import cutlass.cute as cute
     from cutlass import Int32, Int64
 
-    return [Int64(0)] * 5 + [Int32(0)] * 5 + [Int64(0)] * 14 + [cute.runtime.make_fake_stream()]
+    return [Int64(0)] * 6 + [Int32(0)] * 5 + [Int64(0)] * 14 + [cute.runtime.make_fake_stream()]
 
 
 def build_split(cfg: SplitConfig):
@@ -59,8 +63,25 @@ def _arch(index: int) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _split_launcher(dtype: str, head_dim: int, block_m: int, block_n: int, stages: int, paged: bool,
-                    arch: str) -> Packer:
-    return compile_split(SplitConfig(dtype, head_dim, block_m, block_n, stages, paged), arch)
+                    mods: tuple, arch: str) -> Packer:
+    return compile_split(SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, *mods), arch)
+
+
+def variant_flags(variant) -> tuple[bool, bool, bool]:
+    """(softcap, alibi, window): the variant options compiled into a split kernel (SplitConfig)."""
+    if variant is None:
+        return (False, False, False)
+    return (variant.softcap > 0, variant.alibi_slopes is not None, variant.windowed)
+
+
+def variant_scalars(variant, scale: float) -> tuple:
+    """(win_left, win_right, scale_log2, pre_mul) of a launch (score_mod.py: softcap moves the
+    scale inside tanh; an unbounded window side is a large number)."""
+    left, right = variant.window_bounds() if variant is not None else (0, 0)
+    cap = variant.softcap if variant is not None else 0.0
+    if cap > 0:
+        return left, right, cap * LOG2E, float(scale) / cap
+    return left, right, float(scale) * LOG2E, 1.0
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,18 +132,19 @@ def _check_rows(name: str, t: torch.Tensor, align: int) -> None:
 
 
 def split_(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
-           *, cfg: SplitConfig | None = None, fuse: bool | None = None):
+           *, cfg: SplitConfig | None = None, fuse: bool | None = None, variant=None):
     """Out-parameter split op: writes out/lse for one-split requests, o_part/lse_part otherwise;
     with fuse (default: plan.fuse) the last split CTA of each tile also writes out/lse.
-    cfg overrides the config (tile sweeps); its block_m must be the plan's."""
+    cfg overrides the config (tile sweeps); its block_m must be the plan's. variant: a checked
+    splitkv.variants.Variant (window, softcap, sinks, ALiBi), or None (plain)."""
     launch, args = _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse,
-                               scale, causal, cfg=cfg, fuse=fuse)
+                               scale, causal, cfg=cfg, fuse=fuse, variant=variant)
     launch(*args)
 
 
 def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
-                *, cfg: SplitConfig | None = None, fuse: bool | None = None):
-    """(launcher, its arguments) of split_, after the checks: 12 pointers, the scalars, the stream."""
+                *, cfg: SplitConfig | None = None, fuse: bool | None = None, variant=None):
+    """(launcher, its arguments) of split_, after the checks: N_POINTERS pointers, the scalars, the stream."""
     B, Sq, Hq, D = q.shape
     paged = block_table is not None
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -135,9 +157,12 @@ def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, l
     index = _device_index(q)
     arch = _arch(index)
     tile = plan.tile
+    mods = variant_flags(variant)
     if cfg is None:
-        launch = _split_launcher(_DTYPE_NAMES[q.dtype], D, tile.block_m, tile.block_n, tile.num_stages, paged, arch)
-    elif (cfg.block_m, cfg.head_dim, cfg.paged, cfg.dtype) != (plan.tile.block_m, D, paged, _DTYPE_NAMES[q.dtype]):
+        launch = _split_launcher(_DTYPE_NAMES[q.dtype], D, tile.block_m, tile.block_n, tile.num_stages, paged, mods,
+                                 arch)
+    elif ((cfg.block_m, cfg.head_dim, cfg.paged, cfg.dtype, (cfg.softcap, cfg.alibi, cfg.window))
+          != (plan.tile.block_m, D, paged, _DTYPE_NAMES[q.dtype], mods)):
         raise ValueError(f"cfg: {cfg} does not match the plan / inputs")
     else:
         launch = compile_split(cfg, arch)
@@ -149,18 +174,23 @@ def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, l
     p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
     l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
     bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
+    sinks, slopes = (variant.sinks, variant.alibi_slopes) if variant is not None else (None, None)
+    left, right, scale_log2, pre_mul = variant_scalars(variant, scale)
     return launch, [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
                      plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(), bt.data_ptr(), op.data_ptr(),
                      lp.data_ptr(), out.data_ptr(), lse.data_ptr(), plan.counters.data_ptr() if fuse else 0,
+                     sinks.data_ptr() if sinks is not None else 0, slopes.data_ptr() if slopes is not None else 0,
                      plan.max_splits, B, plan.num_kv_heads, plan.m_tiles, plan.qhead_per_kvhead, Sq,
-                     k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)), int(fuse),
+                     k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)), int(fuse), left, right,
                      *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], bt.stride(0) if paged else 0,
                      *p_strides, *l_strides, *out.stride()[:3], *lse.stride()[:2],
-                     float(scale) * LOG2E, _stream(index)]
+                     scale_log2, pre_mul, _stream(index)]
 
 
-def merge_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: MergeConfig | None = None):
-    """Out-parameter merge op: out [B, T, H, D], lse [B, H, T] <- merge of the partials."""
+def merge_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: MergeConfig | None = None,
+           sinks=None):
+    """Out-parameter merge op: out [B, T, H, D], lse [B, H, T] <- merge of the partials (sinks:
+    float32 [H] attention-sink logits joined to each row once, or None)."""
     S, B, H, T, D = o_part.shape
     if B * H * T == 0:
         return
@@ -169,7 +199,9 @@ def merge_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: Me
                         f"got {o_part.dtype} -> {out.dtype}")
     if lse_part.dtype != torch.float32 or lse.dtype != torch.float32:
         raise TypeError(f"lse_part/lse: expected float32, got {lse_part.dtype} / {lse.dtype}")
-    per_lane = D // 32  # each lane moves D / 32 contiguous elements in <= 16-byte vectors
+    if D not in HEAD_DIMS:
+        raise ValueError(f"o_part: backend 'cutlass' merges head dims {HEAD_DIMS}, got {D}")
+    per_lane = MergeConfig("float32", "float16", D).elems_per_lane  # contiguous elements per lane, vector moves
     _check_rows("o_part", o_part, min(16, per_lane * o_part.element_size()))
     _check_rows("out", out, min(16, per_lane * out.element_size()))
     index = _device_index(out)
@@ -181,81 +213,91 @@ def merge_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: Me
     else:
         launch = compile_merge(cfg, arch)
     launch(o_part.data_ptr(), lse_part.data_ptr(), num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(),
-           S, B, H, T, int(skip_single),
+           sinks.data_ptr() if sinks is not None else 0, S, B, H, T, int(skip_single),
            *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride(),
            _stream(index))
 
 
-def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
+def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+        variant=None):
     """The backend contract (see splitkv.backends): split kernel, then merge for split requests."""
     if q.shape[0] == 0:
         return
     if q.device.type != "cuda":
         raise ValueError(f"q: backend 'cutlass' needs CUDA tensors, got {q.device}")
+    args = (q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal, variant)
     if q.device.index == torch.cuda.current_device():  # the DSL launches on the current device
-        return _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+        return _run(*args)
     with torch.cuda.device(q.device):
-        _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal)
+        _run(*args)
 
 
-def _call_key(q, k_cache, v_cache, block_table, out, scale, causal, qkv_bits: int, out_bits: int) -> tuple:
+def _call_key(q, k_cache, v_cache, block_table, out, scale, causal, qkv_bits: int, out_bits: int, variant) -> tuple:
+    vkey = variant.kernel_key() if variant is not None else None
     return ("cutlass", q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
-            block_table.stride(0) if block_table is not None else -1, causal, scale, q.dtype, qkv_bits, out_bits)
+            block_table.stride(0) if block_table is not None else -1, causal, scale, q.dtype, qkv_bits, out_bits, vkey)
 
 
-def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal):
-    # per plan and call layout (strides, alignment, scalars): checked and packed once, then a hit passes
-    # the call's pointers and the remembered scalars (lse is always a contiguous [B, Hq, Sq])
+def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal, variant):
+    # per plan, call layout and variant (strides, alignment, scalars): checked and packed once, then a hit
+    # passes the call's pointers and the remembered scalars (lse is always a contiguous [B, Hq, Sq])
     paged = block_table is not None
     bt = block_table if paged else cache_seqlens
     ptr_q, ptr_k, ptr_v, ptr_o = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
-    key = _call_key(q, k_cache, v_cache, block_table, out, scale, causal, (ptr_q | ptr_k | ptr_v) & 15, ptr_o & 7)
+    key = _call_key(q, k_cache, v_cache, block_table, out, scale, causal, (ptr_q | ptr_k | ptr_v) & 15, ptr_o & 7,
+                    variant)
     hit = plan.launches.entries.get(key)
+    sinks = variant.sinks if variant is not None else None
     if hit is None:
         launch, args = _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out,
-                                   lse, scale, causal)
-        plan.launches.entries[key] = (launch, tuple(args[12:-1]))
+                                   lse, scale, causal, variant=variant)
+        plan.launches.entries[key] = (launch, tuple(args[N_POINTERS:-1]))
         launch(*args)
     else:
         launch, mid = hit
         parts = o_part is not None
+        slopes = variant.alibi_slopes if variant is not None else None
         launch(ptr_q, ptr_k, ptr_v, cache_seqlens.data_ptr(), plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(),
                bt.data_ptr(), o_part.data_ptr() if parts else ptr_o, lse_part.data_ptr() if parts else lse.data_ptr(),
-               ptr_o, lse.data_ptr(), plan.counters.data_ptr() if plan.fuse and parts else 0, *mid,
+               ptr_o, lse.data_ptr(), plan.counters.data_ptr() if plan.fuse and parts else 0,
+               sinks.data_ptr() if sinks is not None else 0, slopes.data_ptr() if slopes is not None else 0, *mid,
                _stream(q.device.index))
     if o_part is not None and not plan.fuse:
-        merge_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True)
+        merge_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True, sinks=sinks)
 
 
-def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False):
+def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False, sinks=None):
     if out.device.type != "cuda":
         raise ValueError(f"out: backend 'cutlass' needs CUDA tensors, got {out.device}")
     with torch.cuda.device(out.device):
-        merge_(o_part, lse_part, num_splits, out, lse, skip_single=skip_single)
+        merge_(o_part, lse_part, num_splits, out, lse, skip_single=skip_single, sinks=sinks)
 
 
-def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal):
-    """launch(stream, q, k, v, lens, table, out, lse data pointers; table = lens when not paged)
+def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=None):
+    """launch(stream, q, k, v, lens, table, out, lse data pointers[, vptrs]; table = lens when not
+    paged; vptrs: a variant call's Variant.pointers(), whose sinks and ALiBi slopes pass per call)
     for calls laid out as this one, which run() has launched (checked, compiled) already, with
     16-byte aligned pointers (the caller checks each call's); None where only run() can launch
     (another current device, a merge launch to follow, the DSL's own packing)."""
     if q.shape[0] == 0 or q.device.index != torch.cuda.current_device():
         return None
-    hit = plan.launches.entries.get(_call_key(q, k_cache, v_cache, block_table, out, scale, causal, 0, 0))
+    hit = plan.launches.entries.get(_call_key(q, k_cache, v_cache, block_table, out, scale, causal, 0, 0, variant))
     if hit is None or (plan.o_part is not None and not plan.fuse):
         return None
-    split = hit[0].bind(hit[1], 12)
+    split = hit[0].bind(hit[1], N_POINTERS)
     if split is None:
         return None
     ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
     if plan.o_part is None:
-        def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, 0)
+        def launch(stream, qp, kp, vp, lens, bt, o, lse_p, vptrs=None):
+            sk, al = (0, 0) if vptrs is None else vptrs[:2]
+            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, 0, sk, al)
 
         return launch
     op, lp, cnt = plan.o_part.data_ptr(), plan.lse_part.data_ptr(), plan.counters.data_ptr()
 
-    def launch(stream, qp, kp, vp, lens, bt, o, lse_p):
-        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt)
+    def launch(stream, qp, kp, vp, lens, bt, o, lse_p, vptrs=None):
+        sk, al = (0, 0) if vptrs is None else vptrs[:2]
+        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt, sk, al)
 
     return launch

@@ -1,4 +1,5 @@
-"""One warp's work on one K/V tile: S = Q K^T (mma.sync), mask, online softmax, O += P V.
+"""One warp's work on one K/V tile: S = Q K^T (mma.sync) and O += P V (the mask and the variants' score
+code are score_mod.py's, the online softmax softmax.py's).
 
 The warp owns 16 query rows (sQ_w, [16, D]) and `keys_per_warp` keys of each stage
 (sK_w / sV_w, [keys_per_warp, D]); operands go smem -> registers with ldmatrix (V transposed by
@@ -64,16 +65,6 @@ class WarpAttention:
                 cute.copy(self.copy_k, tSsK[None, None, k + 1], tSrK_view[None, None, k + 1])
             cute.gemm(self.tiled_mma, acc_s, self.tSrQ[None, None, k], tSrK[None, None, k], acc_s)
         return acc_s
-
-    @cute.jit
-    def mask(self, acc_s, key0: Int32, row_limit):
-        """-inf where key0 + key >= row_limit[r] (split end, and for causal the row's position + 1)."""
-        s_mn = layouts.mn_view(acc_s)
-        for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-            lim = row_limit[r] - key0
-            for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                if self.s_coords[r, c][1] >= lim:
-                    s_mn[r, c] = -Float32.inf
 
     @cute.jit
     def accumulate(self, acc_s, sV_w):

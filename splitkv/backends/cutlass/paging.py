@@ -6,7 +6,9 @@ aligned), so any page size works: key n of request b sits on page block_table[b,
 at row n % page_size. Table entries are read only for keys < end, so entries past a request's
 last page (garbage) are never used, and cache rows past the split's end are never loaded (NaN in
 unused slots cannot reach the output). Rows that are not loaded are zero-filled in shared memory,
-because P @ V multiplies them by p = 0 and 0 * NaN would poison the accumulator.
+because P @ V multiplies them by p = 0 and 0 * NaN would poison the accumulator. So are the padding
+columns of a head dim that is not a multiple of 64 (80, 96: tiles of 128 columns), never read
+from global memory.
 """
 
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, const_expr
 
 from splitkv.backends.cutlass.config import ELEMS_PER_COPY
+from splitkv.constants import padded_head_dim
 
 
 def gmem_vec(dtype, addr, n, align):
@@ -31,6 +34,7 @@ class KVRows:
 
     paged: bool
     dtype: type
+    head_dim: int  # the real D (columns past it in a padded tile are zero-filled)
     k_base: Int64  # address of (kvh) [paged] or (b, kvh) [contiguous]: the fixed part of the offset
     v_base: Int64
     k_sb: Int64
@@ -41,16 +45,16 @@ class KVRows:
     page_div: object  # FastDivmodDivisor(page_size) (paged), else None
 
     @staticmethod
-    def create(paged: bool, dtype, k_addr, v_addr, k_strides, v_strides, kvh, b, bt_addr, bt_stride,
-               page_size):
+    def create(paged: bool, dtype, head_dim: int, k_addr, v_addr, k_strides, v_strides, kvh, b, bt_addr,
+               bt_stride, page_size):
         nbytes = dtype.width // 8
         if paged:
-            return KVRows(True, dtype,
+            return KVRows(True, dtype, head_dim,
                           k_addr + Int64(kvh) * k_strides[2] * nbytes, v_addr + Int64(kvh) * v_strides[2] * nbytes,
                           k_strides[0], k_strides[1], v_strides[0], v_strides[1],
                           gmem_vec(Int32, bt_addr + Int64(b) * bt_stride * 4, 1 << 30, 4),
                           cute.FastDivmodDivisor(page_size))
-        return KVRows(False, dtype,
+        return KVRows(False, dtype, head_dim,
                       k_addr + (Int64(b) * k_strides[0] + Int64(kvh) * k_strides[2]) * nbytes,
                       v_addr + (Int64(b) * v_strides[0] + Int64(kvh) * v_strides[2]) * nbytes,
                       k_strides[0], k_strides[1], v_strides[0], v_strides[1], None, None)
@@ -73,8 +77,9 @@ class KVRows:
 
 
 @cute.jit
-def copy_row(gcopy, dtype, addr, tXsX, tXcX, m: cutlass.Constexpr):
-    """cp.async this thread's 16-byte chunks of tile row m (all its column blocks) from addr."""
+def copy_row(gcopy, dtype, addr, tXsX, tXcX, m: cutlass.Constexpr, head_dim: cutlass.Constexpr):
+    """cp.async this thread's 16-byte chunks of tile row m (all its column blocks) from addr;
+    chunks past head_dim (a padded tile) are zero-filled instead."""
     for k in cutlass.range_constexpr(cute.size(tXsX, mode=[2])):
         dst = tXsX[None, m, k]
         col = tXcX[0, m, k][1]
@@ -82,7 +87,13 @@ def copy_row(gcopy, dtype, addr, tXsX, tXcX, m: cutlass.Constexpr):
             cute.make_ptr(dtype, addr + Int64(col) * (dtype.width // 8), cute.AddressSpace.gmem,
                           assumed_align=2 * ELEMS_PER_COPY),
             cute.make_layout(dst.shape))
-        cute.copy(gcopy, src, dst)
+        if const_expr(head_dim == padded_head_dim(head_dim)):
+            cute.copy(gcopy, src, dst)
+        else:
+            if col < head_dim:
+                cute.copy(gcopy, src, dst)
+            else:
+                dst.fill(0)
 
 
 @cute.jit
@@ -97,16 +108,16 @@ def load_kv_tile(gcopy, kv: KVRows, tKsK, tVsV, tXcX, n0: Int32, end: Int32):
     for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
         k_row, v_row = addrs[m]
         if n0 + tXcX[0, m, 0][0] < end:
-            copy_row(gcopy, kv.dtype, k_row, tKsK, tXcX, m)
-            copy_row(gcopy, kv.dtype, v_row, tVsV, tXcX, m)
+            copy_row(gcopy, kv.dtype, k_row, tKsK, tXcX, m, kv.head_dim)
+            copy_row(gcopy, kv.dtype, v_row, tVsV, tXcX, m, kv.head_dim)
         else:
             tKsK[None, m, None].fill(0)
             tVsV[None, m, None].fill(0)
 
 
 @cute.jit
-def load_q_tile(gcopy, dtype, q_addr: Int64, q_strides, tQsQ, tQcQ, row0: Int32, num_rows: Int32,
-                group: Int32, b: Int32, kvh: Int32):
+def load_q_tile(gcopy, dtype, head_dim: cutlass.Constexpr, q_addr: Int64, q_strides, tQsQ, tQcQ, row0: Int32,
+                num_rows: Int32, group: Int32, b: Int32, kvh: Int32):
     """cp.async the block's packed query rows: row r of the tile is packed row p = row0 + r, i.e.
     token p // group of query head kvh * group + p % group; rows with p >= num_rows are zeros."""
     nbytes = dtype.width // 8
@@ -117,6 +128,6 @@ def load_q_tile(gcopy, dtype, q_addr: Int64, q_strides, tQsQ, tQcQ, row0: Int32,
             head = kvh * group + p - tok * group
             addr = q_addr + (Int64(b) * q_strides[0] + Int64(tok) * q_strides[1]
                              + Int64(head) * q_strides[2]) * nbytes
-            copy_row(gcopy, dtype, addr, tQsQ, tQcQ, m)
+            copy_row(gcopy, dtype, addr, tQsQ, tQcQ, m, head_dim)
         else:
             tQsQ[None, m, None].fill(0)

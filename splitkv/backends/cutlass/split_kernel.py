@@ -49,12 +49,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from splitkv.backends.cutlass import layouts
+from splitkv.backends.cutlass import layouts, score_mod
 from splitkv.backends.cutlass.config import MMA_M, NUM_THREADS, SplitConfig
 from splitkv.backends.cutlass.epilogue import Outputs, merge_and_store, scratch_layouts, stash_warp_state
 from splitkv.backends.cutlass.fused_merge import is_last_arrival, merge_partials
 from splitkv.backends.cutlass.mainloop import WarpAttention
 from splitkv.backends.cutlass.paging import KVRows, gmem_vec, load_kv_tile, load_q_tile
+from splitkv.backends.cutlass.score_mod import RowBounds
 from splitkv.backends.cutlass.softmax import OnlineSoftmax
 
 DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
@@ -71,31 +72,34 @@ class SplitKernel:
     @cute.jit
     def __call__(self, q: Int64, k: Int64, v: Int64, seqlens: Int64, nsplits: Int64, chunks: Int64,
                  block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64, counters: Int64,
+                 sinks: Int64, alibi: Int64,
                  max_splits: Int32, batch: Int32, num_kv_heads: Int32, m_tiles: Int32, group: Int32,
-                 q_len: Int32, page_size: Int32, causal: Int32, fuse: Int32,
+                 q_len: Int32, page_size: Int32, causal: Int32, fuse: Int32, win_left: Int32, win_right: Int32,
                  s_qb: Int64, s_qt: Int64, s_qh: Int64, s_kb: Int64, s_kn: Int64, s_kh: Int64,
                  s_vb: Int64, s_vn: Int64, s_vh: Int64, s_btb: Int64,
                  s_ps: Int64, s_pb: Int64, s_ph: Int64, s_pt: Int64, s_ls: Int64, s_lb: Int64, s_lh: Int64,
                  s_ob: Int64, s_ot: Int64, s_oh: Int64, s_lob: Int64, s_loh: Int64,
-                 scale_log2: Float32, stream: cuda.CUstream):
+                 scale_log2: Float32, pre_mul: Float32, stream: cuda.CUstream):
         """Host side: launch grid (B * Hkv * m_tiles, max_splits). Addresses are raw device
-        pointers (ints), strides in elements."""
+        pointers (ints; sinks / alibi 0 when the call has none), strides in elements."""
         self.kernel(q, k, v, seqlens, nsplits, chunks, block_table, o_part, lse_part, out, lse, counters,
-                    num_kv_heads, m_tiles, group, q_len, page_size, causal, fuse,
+                    sinks, alibi, num_kv_heads, m_tiles, group, q_len, page_size, causal, fuse, win_left, win_right,
                     (s_qb, s_qt, s_qh), (s_kb, s_kn, s_kh), (s_vb, s_vn, s_vh), s_btb,
                     (s_ps, s_pb, s_ph, s_pt), (s_ls, s_lb, s_lh, Int64(1)), (s_ob, s_ot, s_oh),
-                    (s_lob, s_loh), scale_log2,
+                    (s_lob, s_loh), scale_log2, pre_mul,
                     ).launch(grid=[batch * num_kv_heads * m_tiles, max_splits, 1],
                              block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, q: Int64, k: Int64, v: Int64, seqlens: Int64, nsplits: Int64, chunks: Int64,
                block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64, counters: Int64,
-               num_kv_heads: Int32, m_tiles: Int32, group: Int32, q_len: Int32, page_size: Int32,
-               causal: Int32, fuse: Int32, q_strides, k_strides, v_strides, s_btb: Int64, part_strides,
-               lpart_strides, out_strides, lse_strides, scale_log2: Float32):
+               sinks: Int64, alibi: Int64, num_kv_heads: Int32, m_tiles: Int32, group: Int32, q_len: Int32,
+               page_size: Int32, causal: Int32, fuse: Int32, win_left: Int32, win_right: Int32, q_strides,
+               k_strides, v_strides, s_btb: Int64, part_strides, lpart_strides, out_strides, lse_strides,
+               scale_log2: Float32, pre_mul: Float32):
         cfg = self.cfg
-        BM, BN, D, ST = cfg.block_m, cfg.block_n, cfg.head_dim, cfg.num_stages
+        BM, BN, ST = cfg.block_m, cfg.block_n, cfg.num_stages
+        D, DP = cfg.head_dim, cfg.padded_dim  # the model's head dim; the smem / MMA width (80, 96 -> 128)
         KPW, WN = cfg.keys_per_warp, cfg.warps_n
         tidx, _, _ = cute.arch.thread_idx()
         pid, split, _ = cute.arch.block_idx()  # (request, head, tile) on x: gridDim.y stops at 65535
@@ -117,7 +121,10 @@ class SplitKernel:
         seqlen = gmem_vec(Int32, seqlens + Int64(b) * 4, 1, 4)[0]
         chunk = gmem_vec(Int32, chunks + Int64(b) * 4, 1, 4)[0]
         if split < n_splits:
-            start = split * chunk
+            first = 0  # the request's first visible key (variants.first_key): the planner split from here
+            if cutlass.const_expr(cfg.window):
+                first = cutlass.max(seqlen - q_len - win_left, 0)
+            start = first + split * chunk
             end = cutlass.min(start + chunk, seqlen)
             if split == n_splits - 1:
                 end = seqlen
@@ -126,47 +133,49 @@ class SplitKernel:
             row0 = mt * BM
 
             smem = cutlass.utils.SmemAllocator()
-            sQ = smem.allocate_tensor(self.dtype, layouts.smem_tile(BM, D), 1024)
+            sQ = smem.allocate_tensor(self.dtype, layouts.smem_tile(BM, DP), 1024)
             # one region: the K and V rings, later overlaid by the epilogue's fp32 scratch
-            ring = smem.allocate(cfg.smem_bytes - BM * D * cfg.elem_bytes - 1024, 1024)
+            ring = smem.allocate(cfg.smem_bytes - BM * DP * cfg.elem_bytes - 1024, 1024)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout(1), 4)  # fused merge: "this CTA is last"
-            kv_layout = layouts.smem_tile(BN, D, ST)
+            kv_layout = layouts.smem_tile(BN, DP, ST)
             sK = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype), kv_layout)
             sV = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype) + cute.cosize(kv_layout), kv_layout)
 
             gcopy = layouts.g2s_copy(self.dtype)
             thr_copy = gcopy.get_slice(tidx)
             tQsQ = thr_copy.partition_D(sQ)
-            tQcQ = thr_copy.partition_S(cute.make_identity_tensor((BM, D)))
+            tQcQ = thr_copy.partition_S(cute.make_identity_tensor((BM, DP)))
             tKsK = thr_copy.partition_D(sK)
             tVsV = thr_copy.partition_D(sV)
-            tKcK = thr_copy.partition_S(cute.make_identity_tensor((BN, D)))
-            kv = KVRows.create(cfg.paged, self.dtype, k, v, k_strides, v_strides, kvh, b, block_table, s_btb,
-                        page_size)
+            tKcK = thr_copy.partition_S(cute.make_identity_tensor((BN, DP)))
+            kv = KVRows.create(cfg.paged, self.dtype, D, k, v, k_strides, v_strides, kvh, b, block_table, s_btb,
+                               page_size)
 
             # prologue: Q and the first num_stages - 1 tiles, one commit group per tile
-            load_q_tile(gcopy, self.dtype, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
+            load_q_tile(gcopy, self.dtype, D, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
             for t in cutlass.range_constexpr(ST - 1):
                 if t < n_tiles:
                     load_kv_tile(gcopy, kv, tKsK[None, None, None, t], tVsV[None, None, None, t], tKcK,
                                  start + t * BN, end)
                 cute.arch.cp_async_commit_group()
 
-            sQ_w = cute.local_tile(sQ, (MMA_M, D), (wm, 0))
-            wa = WarpAttention.create(self.dtype, D, KPW, lane, sQ_w)
-            sm = OnlineSoftmax.create(cute.size(wa.s_coords, mode=[0]), scale_log2)
-            # key limit of each of this thread's accumulator rows: the split's end, and for causal
-            # the row token's position + 1; tiles wholly below mask_from need no mask
-            row_limit = cute.make_rmem_tensor((cute.size(wa.s_coords, mode=[0]),), Int32)
+            sQ_w = cute.local_tile(sQ, (MMA_M, DP), (wm, 0))
+            wa = WarpAttention.create(self.dtype, DP, KPW, lane, sQ_w)
+            n_rows = cute.size(wa.s_coords, mode=[0])
+            sm = OnlineSoftmax.create(n_rows, scale_log2)
+            # key bounds of each of this thread's accumulator rows (score_mod.RowBounds): the split's
+            # end, causal / window limits; tiles in [mask_below, mask_from - BN] need no mask
+            rows = RowBounds.create(n_rows, cfg.window, cfg.alibi)
+            for r in cutlass.range_constexpr(n_rows):
+                rows.fill(r, row0 + wm * MMA_M + wa.s_coords[r, 0][0], group, kvh, seqlen, q_len, end, causal,
+                          win_left, win_right, alibi, scale_log2)
             mask_from = end
             if causal != 0:
                 mask_from = cutlass.min(end, seqlen - q_len + 1)
-            for r in cutlass.range_constexpr(cute.size(row_limit)):
-                tok = (row0 + wm * MMA_M + wa.s_coords[r, 0][0]) // group
-                lim = end
-                if causal != 0:
-                    lim = cutlass.min(end, seqlen - q_len + tok + 1)
-                row_limit[r] = lim
+            mask_below = start  # window: keys below it are outside some row's window
+            if cutlass.const_expr(cfg.window):
+                mask_from = cutlass.min(mask_from, seqlen - q_len + win_right + 1)
+                mask_below = seqlen - 1 - win_left
 
             for t in cutlass.range(n_tiles, unroll=1):
                 # tile t has landed for every thread, and every warp is done with tile t - 1,
@@ -181,31 +190,36 @@ class SplitKernel:
                 cute.arch.cp_async_commit_group()
                 stage = t % ST
                 n0 = start + t * BN
-                sK_w = cute.local_tile(sK[None, None, stage], (KPW, D), (wn, 0))
-                sV_w = cute.local_tile(sV[None, None, stage], (KPW, D), (wn, 0))
+                sK_w = cute.local_tile(sK[None, None, stage], (KPW, DP), (wn, 0))
+                sV_w = cute.local_tile(sV[None, None, stage], (KPW, DP), (wn, 0))
                 acc_s = wa.scores(sK_w)
-                if n0 + BN > mask_from:
-                    wa.mask(acc_s, n0 + wn * KPW, row_limit)
+                if cutlass.const_expr(cfg.softcap or cfg.alibi):
+                    score_mod.apply(acc_s, wa.s_coords, n0 + wn * KPW, rows, cfg.softcap, pre_mul)
+                if cutlass.const_expr(cfg.window):
+                    if n0 + BN > mask_from or n0 < mask_below:
+                        score_mod.mask(acc_s, wa.s_coords, n0 + wn * KPW, rows)
+                elif n0 + BN > mask_from:
+                    score_mod.mask(acc_s, wa.s_coords, n0 + wn * KPW, rows)
                 sm.update(acc_s, wa.acc_o)
                 wa.accumulate(acc_s, sV_w)
 
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()  # the K/V ring is free: the epilogue scratch overlays it
             sm.finalize()
-            red_layout, stats_layout = scratch_layouts(BM, D, WN)
+            red_layout, stats_layout = scratch_layouts(BM, DP, WN)
             scratch = cute.recast_ptr(ring, dtype=Float32)
             sRed = cute.make_tensor(scratch, red_layout)
             sMax = cute.make_tensor(scratch + cute.cosize(red_layout), stats_layout)
             sSum = cute.make_tensor(scratch + cute.cosize(red_layout) + cute.cosize(stats_layout), stats_layout)
-            sRed_w = cute.local_tile(sRed[None, None, wn], (MMA_M, D), (wm, 0))
+            sRed_w = cute.local_tile(sRed[None, None, wn], (MMA_M, DP), (wm, 0))
             stash_warp_state(wa, sm, sRed_w, sMax, sSum, wn, wm * MMA_M, lane)
             cute.arch.barrier()
             outs = Outputs(self.dtype, n_splits == 1, b, kvh, split, group, out, out_strides, lse,
-                           lse_strides, o_part, part_strides, lse_part, lpart_strides)
+                           lse_strides, o_part, part_strides, lse_part, lpart_strides, sinks)
             merge_and_store(sRed, sMax, sSum, outs, tidx, row0, num_rows, BM, D, WN)
             if n_splits > 1:
                 if fuse != 0:  # the launch chose the fused merge (heuristics.CUTLASS_FUSED_MERGE_MAX_SPLITS)
                     if is_last_arrival(counters + Int64(pid) * 4, n_splits, sFlag, tidx):
                         final = Outputs(self.dtype, True, b, kvh, split, group, out, out_strides, lse,
-                                        lse_strides, o_part, part_strides, lse_part, lpart_strides)
+                                        lse_strides, o_part, part_strides, lse_part, lpart_strides, sinks)
                         merge_partials(final, n_splits, tidx, row0, num_rows, BM, D)
