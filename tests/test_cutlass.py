@@ -29,18 +29,19 @@ needs_dsl = pytest.mark.skipif(not backend.available(), reason="nvidia-cutlass-d
 # ---------------------------------------------------------------------------- pure Python (always)
 def test_variant_lists_cover_every_launchable_config():
     split = config.split_variants()
-    # dtype x D x block_m x paged, plus D128's unsplit contiguous tile (heuristics.cutlass_tile)
-    assert len(split) == 2 * 3 * 3 * 2 + 2 * 3 and len({c.name for c in split}) == len(split)
+    # dtype x D x block_m x paged, plus the unsplit contiguous tile of D 80 / 96 / 128 (heuristics.cutlass_tile)
+    assert len(split) == 2 * 6 * 3 * 2 + 2 * 3 * 3 and len({c.name for c in split}) == len(split)
     assert not any(c.paged and c.block_n == 128 and c.head_dim == 128 for c in split)
     assert {(c.block_n, c.num_stages) for c in split if c.head_dim == 128} == {(64, 3), (128, 2)}
     assert {c.block_m for c in split} == set(config.BLOCK_MS)  # every planner query tile
-    assert len(config.merge_variants()) == 3 * 2 * 3
+    assert len(config.merge_variants()) == 3 * 2 * 6
     for c in split:
         assert c.smem_bytes <= config.SMEM_LIMIT
         assert c.warps_m * c.warps_n == config.NUM_THREADS // 32
         assert c.keys_per_warp % config.MMA_K == 0
         # the epilogue scratch overlays the K/V ring: it must fit there
-        assert c.smem_bytes - c.block_m * c.head_dim * 2 - 1024 >= c.reduce_bytes
+        assert c.smem_bytes - c.block_m * c.padded_dim * 2 - 1024 >= c.reduce_bytes
+    assert {c.padded_dim for c in split if c.head_dim in (80, 96)} == {128}
 
 
 def test_two_blocks_per_sm_at_d128_and_below_when_splitting():
@@ -54,7 +55,7 @@ def test_two_blocks_per_sm_at_d128_and_below_when_splitting():
     assert config.split_config("bfloat16", 128, 16, True, splitting=False).block_n == 64  # paged
 
 
-@pytest.mark.parametrize("bad", [dict(dtype="float32"), dict(head_dim=96), dict(block_m=8),
+@pytest.mark.parametrize("bad", [dict(dtype="float32"), dict(head_dim=72), dict(block_m=8),
                                  dict(block_n=32), dict(num_stages=1), dict(block_n=256, num_stages=4)])
 def test_bad_split_configs_are_rejected(bad):
     kw = dict(dtype="float16", head_dim=128, block_m=16, block_n=64, num_stages=3, paged=False) | bad
@@ -92,12 +93,12 @@ def test_missing_dsl_gives_install_hint(monkeypatch):
 
 
 # ------------------------------------------------------------------------ with the DSL, no GPU
-def _compile_rows(regex, tmp_path):
+def _compile_rows(regex, tmp_path, extra=()):
     from splitkv import compile_cli
 
     out = tmp_path / "rows.json"
     rc = compile_cli.main(["--only", regex, "--jobs", "1", "--dump-dir", str(tmp_path / "ptx"),
-                           "--json", str(out)])
+                           "--json", str(out), *extra])
     rows = json.loads(out.read_text())["rows"]
     return rc, rows
 
@@ -106,13 +107,26 @@ def _compile_rows(regex, tmp_path):
 def test_variants_compile_for_sm90a_without_spills(tmp_path):
     regex = "." if os.environ.get("SPLITKV_TEST_COMPILE_ALL") else \
         r"split_float16_d64_m16.*dense|split_bfloat16_d128_m16.*paged|split_float16_d256_m64.*dense|" \
-        r"split_bfloat16_d128_m64.*paged|merge_float32_to_bfloat16_d128"
+        r"split_bfloat16_d128_m64.*paged|merge_float32_to_bfloat16_d128|split_float16_d80_m32.*dense|" \
+        r"merge_float16_to_float16_d96"
     rc, rows = _compile_rows(regex, tmp_path)
     assert rc == 0 and all(r["ok"] for r in rows), rows
     assert len(rows) >= 5
     for r in rows:
         assert r.get("spill_stores") == 0 and r.get("spill_loads") == 0, r
         assert 0 < r["registers"] <= 255, r
+
+
+@needs_dsl
+def test_attention_variant_kernels_compile_for_sm90a(tmp_path):
+    """Softcap, ALiBi and the window compiled in (sinks are a runtime pointer: no kernel of their
+    own), at a padded head dim (96 on 128-column tiles) and at 128, without spills."""
+    rc, rows = _compile_rows(r"split_bfloat16_d96_m16_n64_s3_paged|split_float16_d128_m32_n64_s3_dense", tmp_path,
+                             ["--variants", "softcap,alibi,window"])
+    assert rc == 0 and len(rows) == 2 and all(r["ok"] for r in rows), rows
+    for r in rows:
+        assert r["name"].endswith("_cap_alibi_win"), r
+        assert r.get("spill_stores") == 0 and r.get("spill_loads") == 0 and r["registers"] <= 255, r
 
 
 @needs_dsl
@@ -142,11 +156,11 @@ def test_packer_matches_the_dsl_argument_packing():
     compiled = cute.compile(kern, *args, options=cache.compile_options("sm_90a"))
     p = Packer(compiled)
     assert p.fast  # our ctypes slots hold what the DSL would pass, for a probe call
-    assert p.kinds == ["i64"] * 5 + ["i32"] * 5 + ["i64"] * 14 + ["stream"]
+    assert p.kinds == ["i64"] * 6 + ["i32"] * 5 + ["i64"] * 14 + ["stream"]
 
 
 # ------------------------------------------------------------------------------------------ GPU
-GPU_CASES = [(dt, D, G, Sq, page) for dt in (torch.float16, torch.bfloat16) for D in (64, 128, 256)
+GPU_CASES = [(dt, D, G, Sq, page) for dt in (torch.float16, torch.bfloat16) for D in (64, 80, 96, 128, 192, 256)
              for G, Sq in ((4, 1), (8, 4), (16, 16)) for page in (None, 16)]
 
 
@@ -314,7 +328,8 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
     launch.split_(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True)
     t = p.tile
     assert len(got) == len(names) + 1
-    assert got["key"] == ("float16", 64, t.block_m, t.block_n, t.num_stages, paged, "sm_90a")
+    assert got["key"] == ("float16", 64, t.block_m, t.block_n, t.num_stages, paged, (False, False, False), "sm_90a")
+    assert got["sinks"] == 0 and got["alibi"] == 0 and got["pre_mul"] == 1.0
     assert (got["group"], got["q_len"], got["num_kv_heads"], got["m_tiles"], got["batch"]) == (6, 3, 2, p.m_tiles, 2)
     assert got["page_size"] == (16 if paged else 1) and got["causal"] == 1
     assert got["fuse"] == 1 and got["counters"] == p.counters.data_ptr()  # 3 splits: merged in the split kernel
@@ -330,6 +345,26 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
 
 
 @needs_dsl
+def test_variant_arguments_land_on_the_right_kernel_parameters(monkeypatch):
+    """A variant call: its kernel flags, window bounds, softcap scales (the scale moves inside tanh)
+    and the sinks / ALiBi pointers."""
+    from splitkv.backends.cutlass import launch
+    from splitkv.backends.cutlass.split_kernel import SplitKernel
+    from splitkv.variants import make
+
+    got, names = _record_launches(monkeypatch, SplitKernel, "_split_launcher")
+    q, k, v, sl, bt, p, o_part, lse_part, out, lse = _split_case(False)
+    sinks, slopes = torch.zeros(12), torch.ones(12)
+    var = make((7, -1), 20.0, sinks, slopes, num_q_heads=12, device=q.device)
+    launch.split_(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True, variant=var)
+    assert got["key"][6] == (True, True, True)
+    assert (got["win_left"], got["win_right"]) == (7, 1 << 30)
+    assert got["pre_mul"] == pytest.approx(0.125 / 20.0)
+    assert got["scale_log2"] == pytest.approx(20.0 * 1.4426950408889634)
+    assert got["sinks"] == sinks.data_ptr() and got["alibi"] == slopes.data_ptr()
+
+
+@needs_dsl
 def test_merge_arguments_land_on_the_right_kernel_parameters(monkeypatch):
 
     from splitkv.backends.cutlass import launch
@@ -338,8 +373,10 @@ def test_merge_arguments_land_on_the_right_kernel_parameters(monkeypatch):
     got, names = _record_launches(monkeypatch, MergeKernel, "_merge_launcher")
     o_part, lse_part = torch.zeros(5, 2, 4, 3, 128), torch.zeros(5, 2, 4, 3)
     out, lse = torch.empty(2, 3, 4, 128, dtype=torch.bfloat16), torch.empty(2, 4, 3)
-    launch.merge_(o_part, lse_part, torch.ones(2, dtype=torch.int32), out, lse, skip_single=True)
+    sinks = torch.zeros(4)
+    launch.merge_(o_part, lse_part, torch.ones(2, dtype=torch.int32), out, lse, skip_single=True, sinks=sinks)
     assert got["key"] == ("float32", "bfloat16", 128, "sm_90a") and len(got) == len(names) + 1
+    assert got["sinks"] == sinks.data_ptr()
     assert (got["max_splits"], got["batch"], got["num_heads"], got["q_len"], got["skip_single"]) == (5, 2, 4, 3, 1)
     assert (got["s_ps"], got["s_pb"], got["s_ph"], got["s_pt"]) == o_part.stride()[:4]
     assert (got["s_ls"], got["s_lb"], got["s_lh"], got["s_lt"]) == lse_part.stride()
@@ -441,3 +478,10 @@ def test_bound_launch_passes_what_the_checked_launch_passes(monkeypatch, paged):
     launch.split_(q2, k, v, sl, bt, p, o_part, lse_part, out2, lse, 0.125, True)
     assert len(p.launches.entries) == 1 and seen[0] == seen[1] and seen[2] == seen[3]
     assert seen[2][0] == q2.data_ptr() and seen[2][9] == out2.data_ptr() and seen[2][1:9] == seen[0][1:9]
+    from splitkv.variants import make  # a variant call: its own cache entry; the sinks / slopes pass per call
+
+    var = make((9, -1), 0.0, torch.zeros(12), None, num_q_heads=12, device=q.device)
+    for _ in range(2):
+        launch._run(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True, var)
+    launch.split_(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True, variant=var)
+    assert len(p.launches.entries) == 2 and seen[4] == seen[5] == seen[6] and seen[4][12] == var.sinks.data_ptr()

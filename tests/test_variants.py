@@ -17,6 +17,7 @@ from helpers import make_inputs, to_paged
 
 import splitkv
 from splitkv import backends
+from splitkv.constants import HEAD_DIMS as C_HEAD_DIMS
 from splitkv.heuristics import SplitRule, schedule
 from splitkv.reference import decode_reference
 
@@ -216,14 +217,13 @@ def test_bad_head_dims_are_named():
 def test_cutlass_refuses_what_it_cannot_run():
     from splitkv.plan import build
     from splitkv.validate import Problem
-    from splitkv.variants import make
 
-    prob = Problem(1, 1, 4, 2, 80, 1024, None, BF16)
+    prob = Problem(1, 1, 4, 2, 72, 1024, None, BF16)  # 72: torch and triton only
     with pytest.raises(ValueError, match="backend: 'cutlass' runs head dims"):
         build(prob, "cpu", backend="cutlass")
-    prob = Problem(1, 1, 4, 2, 128, 1024, None, BF16)
-    with pytest.raises(ValueError, match="without attention variants"):
-        build(prob, "cpu", backend="cutlass", variant=make(softcap=5.0, num_q_heads=4, device="cpu"))
+    prob = Problem(1, 1, 4, 2, 128, 1024, 16, BF16, kv_fp8=True)
+    with pytest.raises(ValueError, match="no fp8"):
+        build(prob, "cpu", backend="cutlass")
 
 
 def test_compiled_decode_takes_variants():
@@ -240,7 +240,39 @@ def test_compiled_decode_takes_variants():
 
 # --- H200 -----------------------------------------------------------------------------------------
 
-GPU_BACKENDS = ["triton", "auto"]
+GPU_BACKENDS = ["triton", "auto"] + (["cutlass"] if backends.cutlass_available() else [])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not backends.cutlass_available(), reason="nvidia-cutlass-dsl not installed")
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", SHAPES + [(2, 1, 8, 2, 96, [300, 0]), (3, 2, 4, 4, 192, [97, 5, 256])], ids=str)
+def test_gpu_cutlass_variants_match_reference(paged, variant, shape):
+    """The CuTe kernels on the odd-size matrix: window edges inside splits and across pages, sinks
+    with most of the mass and -inf, softcap with large scores, ALiBi with GQA; one split (the sink
+    in the split kernel's store), 3 (fused merge) and 40 (the merge kernel)."""
+    B, Sq, Hq, Hkv, D, lens = shape
+    if D not in C_HEAD_DIMS:
+        D = 64
+    q, k, v, sl = make_inputs(B, Sq, Hq, Hkv, D, lens, BF16, "cuda", seed=len(variant) + D)
+    q = q * 4
+    g = torch.Generator().manual_seed(D + Sq)
+    kw = {key: (val.cuda() if isinstance(val, torch.Tensor) else val)
+          for key, val in _variant_kwargs(variant, Hq, g).items()}
+    bt = None
+    ro, rl = decode_reference(q, k, v, sl, **kw)
+    if paged:
+        k, v, bt = to_paged(k, v, lens, 16)  # unused pages and page tails hold NaN
+    elif "window_size" in kw:  # NaN in every key before the first one a window shows: never read
+        first = (sl - Sq - kw["window_size"][0]).clamp(min=0)
+        for b in range(B):
+            k[b, : int(first[b])] = float("nan")
+            v[b, : int(first[b])] = float("nan")
+    for num_splits in (1, 3, 40):
+        o, lse = splitkv.decode(q, k, v, sl, block_table=bt, return_lse=True, num_splits=num_splits,
+                                backend="cutlass", **kw)
+        _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu(), BF16)
 
 
 @pytest.mark.gpu

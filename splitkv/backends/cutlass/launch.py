@@ -238,7 +238,8 @@ def _call_key(q, k_cache, v_cache, block_table, out, scale, causal, qkv_bits: in
             block_table.stride(0) if block_table is not None else -1, causal, scale, q.dtype, qkv_bits, out_bits, vkey)
 
 
-def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal, variant):
+def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
+         variant=None):
     # per plan, call layout and variant (strides, alignment, scalars): checked and packed once, then a hit
     # passes the call's pointers and the remembered scalars (lse is always a contiguous [B, Hq, Sq])
     paged = block_table is not None
