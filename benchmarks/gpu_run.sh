@@ -12,8 +12,14 @@ has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
   python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)";
   python -c "import cutlass;print('cutlass-dsl ok')" 2>&1 | tail -1; date -u; } | tee "$OUT/env.txt"
-if has tests; then
-  python -m pytest -m gpu ${GPU_TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider --durations=12 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+if has tests; then  # GPU_TEST_JOBS=n: n pytest processes over contiguous slices (tests/conftest.py), compiling at once
+  jobs=${GPU_TEST_JOBS:-1}
+  for ((i = 0; i < jobs; i++)); do
+    SPLITKV_TEST_SHARD=$i/$jobs python -m pytest -m gpu ${GPU_TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider \
+      --durations=5 >"$OUT/gpu_tests_$i.log" 2>&1 &
+  done
+  wait
+  for ((i = 0; i < jobs; i++)); do tail -25 "$OUT/gpu_tests_$i.log"; done | tee "$OUT/gpu_tests.log"
 fi
 if has demo; then python -m splitkv demo 2>&1 | tee "$OUT/demo.log"; fi
 # tile sweep: each backend's planner tile vs forced (block_n x warps x stages) tiles, graph replay,
@@ -34,7 +40,7 @@ if has host; then
   python -m splitkv bench --host-breakdown --json "$OUT/host.json" --markdown "$OUT/host.md" 2>&1 | tee "$OUT/host.log" | tail -40
 fi
 if has variants; then  # attention variants and head dims next to plain decode and FlashInfer
-  python -m splitkv bench --suite variants --providers splitkv-auto-noplan,splitkv-auto,splitkv-triton,flashinfer \
+  python -m splitkv bench --suite variants --providers splitkv-auto-noplan,splitkv-auto,splitkv-triton,splitkv-cutlass,flashinfer \
     --json "$OUT/variants.json" --markdown "$OUT/variants.md" 2>&1 | tee "$OUT/variants.log" | tail -60
 fi
 if [[ " $what " == *" serve "* ]]; then  # not in "all": the full trace runs for many minutes

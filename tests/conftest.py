@@ -11,7 +11,14 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection
 def pytest_collection_modifyitems(config, items):
+    shard = os.environ.get("SPLITKV_TEST_SHARD")  # "i/n": the i-th of n contiguous slices (gpu_run.sh
+    if shard:  # runs n pytest processes at once, so the kernel compiles of a GPU run spread over the CPUs)
+        i, n = (int(x) for x in shard.split("/"))
+        lo, hi = len(items) * i // n, len(items) * (i + 1) // n
+        config.hook.pytest_deselected(items=items[:lo] + items[hi:])
+        items[:] = items[lo:hi]
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200)")

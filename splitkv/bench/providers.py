@@ -144,8 +144,8 @@ class SplitKV(Provider):
         except (ValueError, RuntimeError) as exc:
             return str(exc)
         s = case.shape
-        if self.backend == "cutlass" and (s.kv_dtype or not s.plain or s.head_dim not in HEAD_DIMS):
-            return f"cutlass runs head dims {HEAD_DIMS} without variants or fp8 KV (auto runs triton)"
+        if self.backend == "cutlass" and (s.kv_dtype or s.head_dim not in HEAD_DIMS):
+            return f"cutlass runs head dims {HEAD_DIMS} without fp8 KV (auto runs triton)"
         return None
 
     def session(self, case: Case, graph: bool) -> Session:
