@@ -88,8 +88,8 @@ def test_compile_variant_filters_select_the_model_subset():
 
 
 def test_compile_cli_argument_errors(capsys):
-    for argv in (["--head-dims", "96"], ["--dtypes", "float32"], ["--q-lens", "2"], ["--heads", "30/8"],
-                 ["--layouts", "ragged"], ["--warmup", "--group-sizes", "4"]):
+    for argv in (["--head-dims", "72"], ["--variants", "sinks"], ["--dtypes", "float32"], ["--q-lens", "2"],
+                 ["--heads", "30/8"], ["--layouts", "ragged"], ["--warmup", "--group-sizes", "4"]):
         with pytest.raises(SystemExit) as e:
             compile_cli.main(argv)
         assert e.value.code == 2, argv
