@@ -39,7 +39,8 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
     become softcap * tanh(scores / softcap); sinks float32 [Hq]: a per-head logit joining each
     row's softmax denominator, with no value (lse includes it); alibi_slopes float32 [Hq]: scores
     get -slope[h] * |key position - query position|. Head dims: every multiple of 8 in [32, 256]
-    (torch and triton; cutlass 64/128/256 without variants: 'auto' picks triton otherwise).
+    (torch and triton; cutlass 64/80/96/128/192/256: 'auto' picks triton otherwise). Every backend
+    takes every variant.
 
     FP8 KV cache: k_cache / v_cache in torch.float8_e4m3fn or float8_e5m2 (q stays fp16/bf16)
     holding K / k_scale and V / v_scale; k_scale and v_scale are required: a float each (per
