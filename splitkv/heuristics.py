@@ -429,6 +429,9 @@ def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: in
     return chunk >= LONG_CHUNK_KEYS or (backend != "cutlass" and chunk >= bound)
 
 
+_UNSPLIT_TILES = {80: (128, 3), 96: (64, 4)}  # (block_n, stages) of D 80 / 96 unsplit contiguous plans
+
+
 def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
 
@@ -445,16 +448,22 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
     n128 s2: B=16 MHA 32K 1871.1 / 1859.1 / 1875.0 us; B=64 GQA 32/8 32K 1861.3 / 1851.7 / 1849.1
     (within 1%: n128 s2 led by 1-2% on 2026-11-29, NOTES #14). Split plans keep n64 s3: B=1 GQA 32K
     36.3 us vs 36.7 (n128 s3) and 38.0 (n128 s2); B=1 GQA 4K 10.0 / 9.8 / 10.5. Paged unsplit plans
-    keep n64 s3: page 16, B=16 MHA 32K 1883.5 / 1884.8 / 1990.1. D 80 / 96 take D 128's tiles (their
-    smem tiles are 128 columns wide); D 192, like 256, 64-key stages x 2 (48 KB each).
+    keep n64 s3: page 16, B=16 MHA 32K 1883.5 / 1884.8 / 1990.1.
+
+    D 80 / 96 run on 128-column smem tiles: D 128's rule, but unsplit contiguous plans take their
+    own tiles (_UNSPLIT_TILES). D 192, like 256, 64-key stages x 2, except contiguous split plans
+    (x 3). H200 tile sweep (2026-12-02, graph replay, bf16, GQA 32/8, results/2026-12-02-h200-cutlass-
+    variants/tiles_*.md), n128 s2 / n128 s3 / n64 s4 / n64 s3: B=16 32K D 80 396.1 / 313.7 / 398.2 /
+    617.6 us, D 96 415.5 / 460.5 / 397.2 / 609.4; paged 16 keeps n64 s3 (D 80 408.1 vs 432.9 n128 s3,
+    D 96 407.7 vs 462.6). D 192, B=1 32K: s3 53.8 vs s2 55.7 contiguous, 66.6 vs 59.0 paged.
     """
-    head_dim = padded_head_dim(head_dim)  # 80 and 96 run on 128-column tiles (constants.padded_head_dim)
-    if head_dim == 64:
+    padded = padded_head_dim(head_dim)  # 80 and 96 run on 128-column tiles (constants.padded_head_dim)
+    if padded == 64:
         block_n, stages = 128, 3
-    elif head_dim == 128:
-        block_n, stages = (64, 3) if splitting or paged else (128, 2)
+    elif padded == 128:
+        block_n, stages = (64, 3) if splitting or paged else _UNSPLIT_TILES.get(head_dim, (128, 2))
     else:
-        block_n, stages = 64, 2
+        block_n, stages = (64, 3) if head_dim == 192 and splitting and not paged else (64, 2)
     forced = _TILE_OVERRIDE.get() or {}
     return forced.get("block_n", block_n), forced.get("num_stages", stages)
 
