@@ -453,9 +453,10 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
     D 80 / 96 run on 128-column smem tiles: D 128's rule, but unsplit contiguous plans take their
     own tiles (_UNSPLIT_TILES). D 192, like 256, 64-key stages x 2, except contiguous split plans
     (x 3). H200 tile sweep (2026-12-02, graph replay, bf16, GQA 32/8,
-    results/2026-12-02-h200-cutlass-variants/tiles_*.md), n128 s2 / n128 s3 / n64 s4 / n64 s3: B=16 32K D 80 396.1 / 313.7 / 398.2 /
-    617.6 us, D 96 415.5 / 460.5 / 397.2 / 609.4; paged 16 keeps n64 s3 (D 80 408.1 vs 432.9 n128 s3,
-    D 96 407.7 vs 462.6). D 192, B=1 32K: s3 53.8 vs s2 55.7 contiguous, 66.6 vs 59.0 paged.
+    results/2026-12-02-h200-cutlass-variants/tiles_*.md), n128 s2 / n128 s3 / n64 s4 / n64 s3:
+    B=16 32K D 80 396.1 / 313.7 / 398.2 / 617.6 us, D 96 415.5 / 460.5 / 397.2 / 609.4; paged 16
+    keeps n64 s3 (D 80 408.1 vs 432.9 n128 s3, D 96 407.7 vs 462.6). D 192, B=1 32K: s3 53.8 vs s2
+    55.7 contiguous, 66.6 vs 59.0 paged.
     """
     padded = padded_head_dim(head_dim)  # 80 and 96 run on 128-column tiles (constants.padded_head_dim)
     if padded == 64:
