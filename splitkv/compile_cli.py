@@ -29,6 +29,8 @@ from .constants import BACKEND_CHOICES, HEAD_DIMS
 from .constants import LOW_DTYPE_NAMES as DTYPES
 
 VARIANT_MODS = ("softcap", "alibi", "window")  # SplitConfig's variant flags
+# what --warmup passes decode for each (the kernels depend on the option's presence, not its value)
+VARIANT_KWARGS = {"softcap": ("softcap", 30.0), "alibi": ("alibi_slopes", True), "window": ("window_size", (1024, -1))}
 
 _PTXAS_RE = {
     "registers": re.compile(r"Used (\d+) registers"),
@@ -203,6 +205,8 @@ def _run_warmup(args) -> int:
         kw["q_lens"] = args.q_lens
     if args.layouts:
         kw["paged"] = tuple(lay == "paged" for lay in args.layouts)
+    if args.variants:  # plain, and the variants together (the kernels compile them in as one config)
+        kw["variants"] = ({}, {VARIANT_KWARGS[m][0]: VARIANT_KWARGS[m][1] for m in args.variants})
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device: warming the torch backend on the CPU (nothing to compile)", file=sys.stderr)
     try:
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     flt.add_argument("--layouts", type=_list(str, ("dense", "paged")), help="KV cache layouts: dense,paged")
     flt.add_argument("--variants", type=_list(str, VARIANT_MODS),
                      help="attention variants compiled into the split kernels, e.g. softcap,alibi,window "
-                          "(default: plain kernels; compile only)")
+                          "(default: plain kernels; --warmup warms plain and these together)")
     w = ap.add_argument_group("warm-up on a GPU")
     w.add_argument("--warmup", action="store_true",
                    help="run splitkv.warmup (real first calls on this machine's GPU) instead of compiling")

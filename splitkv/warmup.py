@@ -114,11 +114,30 @@ def check_args(head_dims, dtypes, num_q_heads, num_kv_heads, q_lens, paged, page
             uniq(backends))
 
 
-def _decodes(head_dim, dtype, heads, q_len, is_paged, page_size, backend, device) -> None:
+_VARIANT_KEYS = ("window_size", "softcap", "sinks", "alibi_slopes")
+
+
+def _variants(variants) -> tuple[dict, ...]:
+    if isinstance(variants, dict):
+        variants = (variants,)
+    variants = _seq("variants", variants, dict)
+    for var in variants:
+        if not isinstance(var, dict) or set(var) - set(_VARIANT_KEYS):
+            raise ValueError(f"variants: expected dicts with keys from {_VARIANT_KEYS}, got {var!r}")
+    return tuple(variants)
+
+
+def _describe_variant(var: dict) -> str:
+    return ",".join(f"{k}={'yes' if v is True else v}" for k, v in var.items()) or "plain"
+
+
+def _decodes(head_dim, dtype, heads, q_len, is_paged, page_size, backend, device, variant=None) -> None:
     """The dummy decodes of one combination (batch 1, zero-filled inputs)."""
     from .api import decode
 
     q_heads, kv_heads = heads
+    kw = {k: (torch.zeros(q_heads, device=device) if v is True and k in ("sinks", "alibi_slopes") else v)
+          for k, v in (variant or {}).items()}
     max_len = MANY_SPLITS * KEYS_PER_SPLIT
     q = torch.zeros(1, q_len, q_heads, head_dim, dtype=dtype, device=device)
     if is_paged:
@@ -131,26 +150,31 @@ def _decodes(head_dim, dtype, heads, q_len, is_paged, page_size, backend, device
     for splits in SPLIT_COUNTS:
         keys = max_len if splits is None else max(2, splits) * KEYS_PER_SPLIT
         lens = torch.full((1,), keys, dtype=torch.int32, device=device)
-        decode(q, k, k, lens, block_table=block_table, num_splits=splits, backend=backend)
+        decode(q, k, k, lens, block_table=block_table, num_splits=splits, backend=backend, **kw)
 
 
 def warmup(*, head_dims: int | Sequence[int] = (128,), dtypes: torch.dtype | Sequence[torch.dtype] = (torch.bfloat16,),
            num_q_heads: int | Sequence[int] = 32, num_kv_heads: int | Sequence[int] = 8,
            q_lens: int | Sequence[int] = (1,), paged: bool | Sequence[bool] = (False,),
            page_size: int | Sequence[int] = 16, backends: str | Sequence[str] = ("auto",),
-           device: torch.device | str = "cuda", verbose: bool = False) -> dict:
+           device: torch.device | str = "cuda", verbose: bool = False, variants: Sequence[dict] = ({},)) -> dict:
     """Compile ahead every kernel a model with these shapes will launch; returns a summary.
 
     Each argument takes one value or a sequence; every combination of head_dims x dtypes x
-    (Hq, Hkv) heads x q_lens x paged x page_size (paged only) x backends is warmed. num_q_heads
+    (Hq, Hkv) heads x q_lens x paged x page_size (paged only) x backends x variants is warmed. num_q_heads
     and num_kv_heads pair up element-wise (an int pairs with every entry of the other):
     num_q_heads=(32, 64), num_kv_heads=8 warms (32, 8) and (64, 8). Use the backend(s) the model
     will call decode with ("auto" = what decode's auto picks on this GPU, cutlass for split plans
     on sm90 and Triton otherwise). On a CPU device, or without CUDA, the same calls run on the
     torch backend (nothing compiles).
 
+    variants: the attention variants the model's calls pass, each a dict of decode's keywords
+    (window_size, softcap, sinks, alibi_slopes); sinks / alibi_slopes may be True (a per-head
+    dummy is made: the kernels depend on their presence, not their values). Default ({},): plain.
+    A Gemma-2-like model: variants=({"softcap": 50.0}, {"softcap": 50.0, "window_size": (4095, -1)}).
+
     Returns {"device", "total_s", "combinations": [{"backend", "head_dim", "dtype", "num_q_heads",
-    "num_kv_heads", "q_len", "paged", "page_size", "seconds"}, ...]}: seconds per combination, the
+    "num_kv_heads", "q_len", "paged", "page_size", "variant", "seconds"}, ...]}: seconds per combination, the
     first calls' compile time included (a combination whose kernels are already compiled or on
     disk takes far less).
     """
@@ -160,21 +184,23 @@ def warmup(*, head_dims: int | Sequence[int] = (128,), dtypes: torch.dtype | Seq
         dev = torch.device("cpu")
     head_dims, dtypes, heads, q_lens, paged, page_sizes, backends = check_args(
         head_dims, dtypes, num_q_heads, num_kv_heads, q_lens, paged, page_size, backends, on_cpu)
-    combos = [(d, dt, h, s, p, ps if p else None, b)
-              for d, dt, h, s, p, b in itertools.product(head_dims, dtypes, heads, q_lens, paged, backends)
+    variants = _variants(variants)
+    combos = [(d, dt, h, s, p, ps if p else None, b, var)
+              for d, dt, h, s, p, b, var in itertools.product(head_dims, dtypes, heads, q_lens, paged, backends,
+                                                              variants)
               for ps in (page_sizes if p else (None,))]
     rows: list[dict] = []
     progress = _Progress(len(combos), dev) if verbose else None
     t_all = time.perf_counter()
     try:
-        for d, dt, (hq, hkv), s, p, ps, b in combos:
+        for d, dt, (hq, hkv), s, p, ps, b, var in combos:
             row = dict(backend=b, head_dim=d, dtype=str(dt).removeprefix("torch."), num_q_heads=hq,
-                       num_kv_heads=hkv, q_len=s, paged=p, page_size=ps)
+                       num_kv_heads=hkv, q_len=s, paged=p, page_size=ps, variant=_describe_variant(var))
             if progress:
                 progress.start(row)
             t0 = time.perf_counter()
             try:
-                _decodes(d, dt, (hq, hkv), s, p, ps, b, dev)
+                _decodes(d, dt, (hq, hkv), s, p, ps, b, dev, var)
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
             except Exception as e:
@@ -194,7 +220,7 @@ def warmup(*, head_dims: int | Sequence[int] = (128,), dtypes: torch.dtype | Seq
 def describe(row: dict) -> str:
     layout = f"paged{row['page_size']}" if row["paged"] else "dense"
     return (f"{row['backend']} D{row['head_dim']} {row['dtype']} Hq/Hkv {row['num_q_heads']}/{row['num_kv_heads']} "
-            f"Sq {row['q_len']} {layout}")
+            f"Sq {row['q_len']} {layout} {row.get('variant', 'plain')}")
 
 
 class _Progress:

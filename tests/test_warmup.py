@@ -25,6 +25,24 @@ def test_warmup_on_cpu_runs_one_entry_per_combination():
     assert {r["dtype"] for r in rows} == {"bfloat16", "float16"}
 
 
+def test_warmup_takes_the_models_variants(monkeypatch):
+    """Each variant is one more combination, and its keywords reach decode (True sinks / slopes
+    become per-head tensors); a key decode does not take is named."""
+    import splitkv.api
+
+    seen = []
+    real = splitkv.api.decode
+    monkeypatch.setattr(splitkv.api, "decode", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    res = warmup(head_dims=80, num_q_heads=8, num_kv_heads=2, device="cpu",
+                 variants=({}, {"softcap": 50.0, "window_size": (63, -1), "sinks": True, "alibi_slopes": True}))
+    assert [r["variant"] for r in res["combinations"]] == ["plain", "softcap=50.0,window_size=(63, -1),sinks=yes,"
+                                                           "alibi_slopes=yes"]
+    var_calls = [kw for kw in seen if "softcap" in kw]
+    assert var_calls and all(kw["sinks"].shape == (8,) and kw["alibi_slopes"].shape == (8,) for kw in var_calls)
+    with pytest.raises(ValueError, match="variants"):
+        warmup(device="cpu", variants=({"softcapp": 1.0},))
+
+
 def test_warmup_single_values_and_page_sizes():
     res = warmup(head_dims=256, dtypes=torch.float16, num_q_heads=4, num_kv_heads=1, q_lens=16, paged=True,
                  page_size=(1, 16), device="cpu", verbose=True)
