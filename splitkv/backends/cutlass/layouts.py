@@ -2,7 +2,8 @@
 
 Every smem tile is [rows, D] in 8 x 64-element swizzled atoms (Swizzle<3,3,3>): a 64-element row
 segment is 128 bytes, so the swizzle spreads the 8 rows of an atom over all 32 banks for both the
-16-byte cp.async writes and the ldmatrix reads. D is 64, 128 or 256, always a whole number of atoms.
+16-byte cp.async writes and the ldmatrix reads. Tiles are the padded head dim wide (64, 128, 192 or
+256: a whole number of atoms; D 80 and 96 run on 128 columns, constants.padded_head_dim).
 """
 
 import cutlass
