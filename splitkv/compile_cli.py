@@ -28,9 +28,10 @@ from multiprocessing import get_context
 from .constants import BACKEND_CHOICES, HEAD_DIMS
 from .constants import LOW_DTYPE_NAMES as DTYPES
 
-VARIANT_MODS = ("softcap", "alibi", "window")  # SplitConfig's variant flags
-# what --warmup passes decode for each (the kernels depend on the option's presence, not its value)
+# SplitConfig's variant flags, and what --warmup passes decode for each (the kernels depend on the
+# option's presence, not its value)
 VARIANT_KWARGS = {"softcap": ("softcap", 30.0), "alibi": ("alibi_slopes", True), "window": ("window_size", (1024, -1))}
+VARIANT_MODS = tuple(VARIANT_KWARGS)
 
 _PTXAS_RE = {
     "registers": re.compile(r"Used (\d+) registers"),

@@ -118,9 +118,7 @@ _VARIANT_KEYS = ("window_size", "softcap", "sinks", "alibi_slopes")
 
 
 def _variants(variants) -> tuple[dict, ...]:
-    if isinstance(variants, dict):
-        variants = (variants,)
-    variants = _seq("variants", variants, dict)
+    variants = _seq("variants", variants, dict)  # one dict, or a sequence of them
     for var in variants:
         if not isinstance(var, dict) or set(var) - set(_VARIANT_KEYS):
             raise ValueError(f"variants: expected dicts with keys from {_VARIANT_KEYS}, got {var!r}")

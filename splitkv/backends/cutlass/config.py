@@ -128,12 +128,7 @@ class MergeConfig:
 
     @property
     def elems_per_lane(self) -> int:
-        """Contiguous columns per lane: a power of 2 (vector loads), so D / 32 rounded up to one;
-        lanes >= active_lanes hold no column (D 80: 4 x 20 lanes, 192: 8 x 24)."""
-        n = 1
-        while n * 32 < self.head_dim:
-            n *= 2
-        return n
+        return merge_elems_per_lane(self.head_dim)
 
     @property
     def active_lanes(self) -> int:
@@ -142,6 +137,15 @@ class MergeConfig:
     @property
     def name(self) -> str:
         return f"merge_{self.part_dtype}_to_{self.out_dtype}_d{self.head_dim}{'' if self.pdl else '_nopdl'}"
+
+
+def merge_elems_per_lane(head_dim: int) -> int:
+    """Contiguous columns per lane of the merge kernel: a power of 2 (vector loads), D / 32 rounded
+    up to one; lanes >= D / this hold no column (D 80: 4 x 20 lanes, 192: 8 x 24)."""
+    n = 1
+    while n * 32 < head_dim:
+        n *= 2
+    return n
 
 
 # sm90 allows 227 KB of dynamic shared memory per block.

@@ -13,7 +13,7 @@ import torch
 from splitkv.backends.cutlass import rows_aligned
 from splitkv.backends.cutlass.argpack import Packer
 from splitkv.backends.cutlass.cache import CACHE
-from splitkv.backends.cutlass.config import HEAD_DIMS, MergeConfig, SplitConfig
+from splitkv.backends.cutlass.config import HEAD_DIMS, MergeConfig, SplitConfig, merge_elems_per_lane
 from splitkv.constants import LOG2E
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -72,6 +72,14 @@ def variant_flags(variant) -> tuple[bool, bool, bool]:
     if variant is None:
         return (False, False, False)
     return (variant.softcap > 0, variant.alibi_slopes is not None, variant.windowed)
+
+
+def variant_pointers(variant) -> tuple[int, int]:
+    """(sinks, ALiBi slopes) data pointers of a launch, 0 where the call has none."""
+    if variant is None:
+        return 0, 0
+    sinks, slopes = variant.sinks, variant.alibi_slopes
+    return (sinks.data_ptr() if sinks is not None else 0, slopes.data_ptr() if slopes is not None else 0)
 
 
 def variant_scalars(variant, scale: float) -> tuple:
@@ -174,12 +182,11 @@ def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, l
     p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
     l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
     bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
-    sinks, slopes = (variant.sinks, variant.alibi_slopes) if variant is not None else (None, None)
     left, right, scale_log2, pre_mul = variant_scalars(variant, scale)
     return launch, [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
                      plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(), bt.data_ptr(), op.data_ptr(),
                      lp.data_ptr(), out.data_ptr(), lse.data_ptr(), plan.counters.data_ptr() if fuse else 0,
-                     sinks.data_ptr() if sinks is not None else 0, slopes.data_ptr() if slopes is not None else 0,
+                     *variant_pointers(variant),
                      plan.max_splits, B, plan.num_kv_heads, plan.m_tiles, plan.qhead_per_kvhead, Sq,
                      k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)), int(fuse), left, right,
                      *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], bt.stride(0) if paged else 0,
@@ -201,7 +208,7 @@ def merge_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: Me
         raise TypeError(f"lse_part/lse: expected float32, got {lse_part.dtype} / {lse.dtype}")
     if D not in HEAD_DIMS:
         raise ValueError(f"o_part: backend 'cutlass' merges head dims {HEAD_DIMS}, got {D}")
-    per_lane = MergeConfig("float32", "float16", D).elems_per_lane  # contiguous elements per lane, vector moves
+    per_lane = merge_elems_per_lane(D)  # contiguous elements per lane, moved in <= 16-byte vectors
     _check_rows("o_part", o_part, min(16, per_lane * o_part.element_size()))
     _check_rows("out", out, min(16, per_lane * out.element_size()))
     index = _device_index(out)
@@ -257,11 +264,10 @@ def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part
     else:
         launch, mid = hit
         parts = o_part is not None
-        slopes = variant.alibi_slopes if variant is not None else None
         launch(ptr_q, ptr_k, ptr_v, cache_seqlens.data_ptr(), plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(),
                bt.data_ptr(), o_part.data_ptr() if parts else ptr_o, lse_part.data_ptr() if parts else lse.data_ptr(),
                ptr_o, lse.data_ptr(), plan.counters.data_ptr() if plan.fuse and parts else 0,
-               sinks.data_ptr() if sinks is not None else 0, slopes.data_ptr() if slopes is not None else 0, *mid,
+               *variant_pointers(variant), *mid,
                _stream(q.device.index))
     if o_part is not None and not plan.fuse:
         merge_(o_part, lse_part, plan.num_splits, out, lse, skip_single=True, sinks=sinks)
