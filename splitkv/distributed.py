@@ -9,7 +9,8 @@ NCCL (GPUs) and gloo (CPUs); no transport of our own.
 A decode step attends to the cache as it was before the step plus the step's own Sq new tokens,
 which every rank has (q, k_new and v_new are computed replicated): the cached keys all precede the
 new queries, so each rank attends its shard without a mask; the Sq x Sq causal block over the new
-tokens runs once, on the group's first rank. Then the new tokens are appended to the rank(s) that
+tokens runs once, on the group's first rank, folded into its state in one launch
+(`splitkv.extend.attend_new_keys`). Then the new tokens are appended to the rank(s) that
 own their positions. This is exact for any placement of tokens on ranks.
 
 Placement (ShardedPagedKVCache, `policy`):
@@ -36,7 +37,8 @@ import torch.distributed as dist
 
 from .api import decode
 from .cache import PagedKVCache
-from .merge import merge_states, merge_states_n
+from .extend import attend_new_keys
+from .merge import merge_states_n
 from .rope import RopeConfig, apply_rope
 
 POLICIES = ("contiguous", "round_robin")
@@ -79,10 +81,7 @@ def decode_context_parallel(q: torch.Tensor, local_k: torch.Tensor, local_v: tor
     o, lse = decode(q, local_k, local_v, local_lens, block_table=block_table, causal=causal and new_k is None,
                     softmax_scale=softmax_scale, return_lse=True, backend=backend)
     if new_k is not None and rank == 0:  # the Sq new keys: attended once, on the group's first rank
-        n_lens = torch.full((q.shape[0],), Sq, dtype=torch.int32, device=q.device)
-        o_n, lse_n = decode(q, new_k.contiguous(), new_v.contiguous(), n_lens, causal=causal,
-                            softmax_scale=softmax_scale, return_lse=True, backend=backend)
-        o, lse = merge_states(o, lse, o_n, lse_n)
+        o, lse = attend_new_keys(o, lse, q, new_k, new_v, causal=causal, softmax_scale=softmax_scale)
     if world > 1:
         os_ = [torch.empty_like(o) for _ in range(world)]
         lses = [torch.empty_like(lse) for _ in range(world)]

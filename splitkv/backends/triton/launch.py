@@ -8,6 +8,7 @@ import os
 
 from ...constants import LOG2E
 from ...variants import PLAIN
+from .extend_kernel import extend_kernel
 from .fastlaunch import Bound, FastLauncher
 from .merge_kernel import merge_kernel
 from .schedule_kernel import schedule_kernel
@@ -16,6 +17,7 @@ from .split_kernel import split_kernel
 _split = FastLauncher(split_kernel)
 _merge = FastLauncher(merge_kernel)
 _schedule = FastLauncher(schedule_kernel)
+_extend = FastLauncher(extend_kernel)
 _MODES = {"auto": 0, "forced": 1, "fixed": 2}
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read when triton is imported, as Triton does
 
@@ -67,6 +69,18 @@ def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False, sinks=No
     _merge((B * H * T,), (o_part, lse_part, num_splits, out, lse, sinks if sinks is not None else num_splits),
            (S, *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride()),
            _merge_constexprs(H, T, D, S, skip_single, sinks is not None), 4 if D >= 128 else 2, 1)
+
+
+def extend(q, new_k, new_v, o, lse, out, lse_out, scale: float, causal: bool) -> None:
+    """out, lse_out <- the state (o, lse) joined by the step's own keys (splitkv.extend)."""
+    B, T, H, D = q.shape
+    if B * H * T == 0:
+        return
+    _extend((B * H * T,), (q, new_k, new_v, o, lse, out, lse_out),
+            (float(scale), *q.stride()[:3], *new_k.stride()[:3], *new_v.stride()[:3], *o.stride()[:3],
+             *lse.stride()[:2], *out.stride()[:3], *lse_out.stride()[:2]),
+            dict(NUM_HEADS=H, GROUP=H // new_k.shape[2], T=T, HEAD_DIM=D, BLOCK_T=max(2, 1 << (T - 1).bit_length()),
+                 BLOCK_D=_block_d(D), CAUSAL=bool(causal)), 4 if D >= 128 else 2, 1)
 
 
 def _split_key(q, k_cache, v_cache, block_table, out, scale, causal, variant=PLAIN) -> tuple:
