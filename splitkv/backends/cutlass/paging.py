@@ -5,8 +5,9 @@ Addresses are 64-bit byte addresses computed per row (one row = D contiguous ele
 aligned), so any page size works: key n of request b sits on page block_table[b, n // page_size]
 at row n % page_size. Table entries are read only for keys < end, so entries past a request's
 last page (garbage) are never used, and cache rows past the split's end are never loaded (NaN in
-unused slots cannot reach the output). Rows that are not loaded are zero-filled in shared memory,
-because P @ V multiplies them by p = 0 and 0 * NaN would poison the accumulator. So are the padding
+unused slots cannot reach the output). The split kernel reads a tile's table entries one tile
+ahead of its copies (lookup_pages), so their latency hides under the MMA of the tile in between.
+Rows that are not loaded are zero-filled in shared memory, because P @ V multiplies them by p = 0 and 0 * NaN would poison the accumulator. So are the padding
 columns of a head dim that is not a multiple of 64 (80, 96: tiles of 128 columns), never read
 from global memory.
 """
@@ -60,14 +61,22 @@ class KVRows:
                       k_strides[0], k_strides[1], v_strides[0], v_strides[1], None, None)
 
     @cute.jit
-    def row_addrs(self, n: Int32):
-        """(K row address, V row address) of key n."""
+    def page_of(self, n: Int32):
+        """The block-table entry (page) holding key n (paged caches)."""
+        page_idx, _ = divmod(n, self.page_div)
+        return self.table[page_idx]
+
+    @cute.jit
+    def row_addrs(self, n: Int32, page=None):
+        """(K row address, V row address) of key n; paged: on `page` when given (page_of(n),
+        read ahead), else from the block table now."""
         k_off = Int64(0)
         v_off = Int64(0)
         if const_expr(self.paged):
             page_idx, in_page = divmod(n, self.page_div)
-            page = Int64(self.table[page_idx])
-            k_off = page * self.k_sb + Int64(in_page) * self.k_sn
+            if const_expr(page is None):
+                page = self.table[page_idx]
+            k_off = Int64(page) * self.k_sb + Int64(in_page) * self.k_sn
             v_off = page * self.v_sb + Int64(in_page) * self.v_sn
         else:
             k_off = Int64(n) * self.k_sn
@@ -97,14 +106,25 @@ def copy_row(gcopy, dtype, addr, tXsX, tXcX, m: cutlass.Constexpr, head_dim: cut
 
 
 @cute.jit
-def load_kv_tile(gcopy, kv: KVRows, tKsK, tVsV, tXcX, n0: Int32, end: Int32):
+def lookup_pages(kv: KVRows, tXcX, n0: Int32, end: Int32, pages):
+    """pages[m] <- the page of this thread's tile row m, keys [n0, n0 + block_n) clamped to end - 1
+    (a valid key): the block-table loads of a tile, issued a tile ahead of its copies so that
+    their latency hides under the MMA of the tile in between. Paged caches only."""
+    for m in cutlass.range_constexpr(cute.size(tXcX, mode=[1])):
+        pages[m] = kv.page_of(cutlass.min(n0 + tXcX[0, m, 0][0], end - 1))
+
+
+@cute.jit
+def load_kv_tile(gcopy, kv: KVRows, tKsK, tVsV, tXcX, n0: Int32, end: Int32, pages=None):
     """Issue the cp.async of keys [n0, n0 + block_n) of K and V into one pipeline stage; rows at or
-    past `end` are zero-filled instead. Needs end > n0 (a non-empty tile)."""
+    past `end` are zero-filled instead. Needs end > n0 (a non-empty tile). pages: the tile's
+    lookup_pages (paged caches), else the table is read here."""
     # all of this thread's row addresses first, branch-free (keys clamped to end - 1, a valid
     # key), so that the block-table loads of a paged cache are in flight together
     addrs = []
     for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
-        addrs.append(kv.row_addrs(cutlass.min(n0 + tXcX[0, m, 0][0], end - 1)))
+        n = cutlass.min(n0 + tXcX[0, m, 0][0], end - 1)
+        addrs.append(kv.row_addrs(n, pages[m] if const_expr(pages is not None) else None))
     for m in cutlass.range_constexpr(cute.size(tKsK, mode=[1])):
         k_row, v_row = addrs[m]
         if n0 + tXcX[0, m, 0][0] < end:

@@ -26,8 +26,9 @@ Design (4 warps, see config.SplitConfig):
     2 x 16 x D flops per K/V element pair read); wgmma's M = 64 per warpgroup would pad a
     16-row tile 4x and wants TMA + mbarriers, which a per-row paged gather cannot use unless
     page_size >= block_n (TMA per page is the next variant to try for page_size >= 64);
-  * paged rows: a thread computes all its rows' page lookups (FastDivmod by page_size, one
-    block-table load each) before issuing their copies, so the table loads overlap.
+  * paged rows: a thread reads the block-table entries of all its rows of a tile (FastDivmod by
+    page_size, one load each) together, one tile ahead of issuing their copies, so the table
+    loads overlap each other and the MMA of the tile in between.
 Measured alternatives (H200, bf16 D 128, CUDA-graph replay, 2026-11-29; benchmarks/NOTES.md #9-#11):
   * merge: fused here (fused_merge.py) vs a merge launch: B=1 GQA 4K 9.7 vs 10.6 us, B=1 MHA 4K
     20.9 vs 21.8, B=1 GQA 128K 125.1 vs 127.9, B=4 GQA 32K 123.9 vs 126.9; B=1 64/8 4K 11.5 vs
@@ -54,7 +55,7 @@ from splitkv.backends.cutlass.config import MMA_M, NUM_THREADS, SplitConfig
 from splitkv.backends.cutlass.epilogue import Outputs, merge_and_store, scratch_layouts, stash_warp_state
 from splitkv.backends.cutlass.fused_merge import is_last_arrival, merge_partials
 from splitkv.backends.cutlass.mainloop import WarpAttention
-from splitkv.backends.cutlass.paging import KVRows, gmem_vec, load_kv_tile, load_q_tile
+from splitkv.backends.cutlass.paging import KVRows, gmem_vec, load_kv_tile, load_q_tile, lookup_pages
 from splitkv.backends.cutlass.score_mod import RowBounds
 from splitkv.backends.cutlass.softmax import OnlineSoftmax
 
@@ -151,13 +152,22 @@ class SplitKernel:
             kv = KVRows.create(cfg.paged, self.dtype, D, k, v, k_strides, v_strides, kvh, b, block_table, s_btb,
                                page_size)
 
+            # paged: the table entries of the next tile to copy, read one tile ahead (lookup_pages)
+            pages = None
+            if cutlass.const_expr(cfg.paged):
+                pages = cute.make_rmem_tensor(cute.make_layout(cute.size(tKcK, mode=[1])), Int32)
             # prologue: Q and the first num_stages - 1 tiles, one commit group per tile
             load_q_tile(gcopy, self.dtype, D, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
             for t in cutlass.range_constexpr(ST - 1):
                 if t < n_tiles:
+                    if cutlass.const_expr(cfg.paged):
+                        lookup_pages(kv, tKcK, start + t * BN, end, pages)
                     load_kv_tile(gcopy, kv, tKsK[None, None, None, t], tVsV[None, None, None, t], tKcK,
-                                 start + t * BN, end)
+                                 start + t * BN, end, pages)
                 cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(cfg.paged):
+                if ST - 1 < n_tiles:
+                    lookup_pages(kv, tKcK, start + (ST - 1) * BN, end, pages)
 
             sQ_w = cute.local_tile(sQ, (MMA_M, DP), (wm, 0))
             wa = WarpAttention.create(self.dtype, DP, KPW, lane, sQ_w)
@@ -186,7 +196,10 @@ class SplitKernel:
                 if nxt < n_tiles:
                     ns = nxt % ST
                     load_kv_tile(gcopy, kv, tKsK[None, None, None, ns], tVsV[None, None, None, ns], tKcK,
-                                 start + nxt * BN, end)
+                                 start + nxt * BN, end, pages)
+                    if cutlass.const_expr(cfg.paged):
+                        if nxt + 1 < n_tiles:  # the next tile's table entries, in flight under this MMA
+                            lookup_pages(kv, tKcK, start + (nxt + 1) * BN, end, pages)
                 cute.arch.cp_async_commit_group()
                 stage = t % ST
                 n0 = start + t * BN
