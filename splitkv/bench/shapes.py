@@ -224,7 +224,7 @@ def variants_suite() -> list[Shape]:
         for L, kw in ((4096, {}), (131072, dict(window_left=4095)), (131072, {}), (32768, {}),
                       (32768, dict(softcap=30.0)), (32768, dict(sinks=True)), (32768, dict(alibi=True))):
             out.append(make_shape(1, L, 32, 8, page_size=ps, tags=("variant",), **kw))
-        for B, D in ((16, 80), (16, 96), (16, 128), (1, 192)):
+        for B, D in ((16, 80), (16, 96), (16, 128), (1, 192), (1, 256)):
             out.append(make_shape(B, 32768, 32, 8, D, page_size=ps, tags=("headdim",)))
     return out
 
