@@ -49,9 +49,29 @@ BLOCKS_PER_SM = 2
 CUTLASS_BLOCKS_PER_SM = 1
 
 
-def blocks_per_sm(target: str, paged: bool = False) -> int:
-    """Resident split blocks per SM the planner aims for, for the backend a plan is made for."""
-    return CUTLASS_BLOCKS_PER_SM if target == "cutlass" and not paged else BLOCKS_PER_SM
+# Shared memory of one sm_90 SM: 228 KB, of which 1 KB is reserved per resident block.
+SM90_SMEM_PER_SM = 228 * 1024
+
+
+def cutlass_split_smem(head_dim: int, block_m: int, paged: bool) -> int:
+    """Shared memory of the CuTe split kernel's split tile at `head_dim` (the query tile, the K/V
+    ring of cutlass_tile(splitting=True), 1 KB of alignment slack): SplitConfig.smem_bytes, which
+    a test holds this to."""
+    block_n, stages = cutlass_tile(head_dim, splitting=True, paged=paged)
+    padded = padded_head_dim(head_dim)
+    return block_m * padded * 2 + stages * 2 * block_n * padded * 2 + 1024
+
+
+def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m: int = 16) -> int:
+    """Resident split blocks per SM the planner aims for, for the backend a plan is made for: no
+    more than fit in shared memory. A paged D 256 cutlass tile (137 KB) fits once per SM: sized for
+    two, its plan ran a second wave (H200, 2026-12-03, B=1 GQA 32/8 32K paged 16: 78.8 us vs 68.8
+    contiguous; results/2026-12-03-h200-paged/)."""
+    if target != "cutlass":
+        return BLOCKS_PER_SM
+    want = BLOCKS_PER_SM if paged else CUTLASS_BLOCKS_PER_SM
+    fit = SM90_SMEM_PER_SM // (cutlass_split_smem(head_dim, block_m, paged) + 1024)
+    return max(1, min(want, fit))
 
 # A split must stream at least this many keys. Each split pays a fixed cost: the Q tile load,
 # the pipeline fill and a partial write + merge read of rows*D*4 bytes. At 256 keys a split

@@ -206,7 +206,8 @@ def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, 
     m_tiles = H.query_tiles(rows, tile.block_m)
     rule = H.split_rule(batch=prob.batch, groups_per_request=prob.num_kv_heads * m_tiles, block_n=tile.block_n,
                         max_seqlen=prob.max_seqlen, num_sms=num_sms,
-                        blocks_per_sm=H.blocks_per_sm(backend, prob.page_size is not None),
+                        blocks_per_sm=H.blocks_per_sm(backend, prob.page_size is not None, prob.head_dim,
+                                                      tile.block_m),
                         num_splits=num_splits, batch_invariant=batch_invariant, span_cap=span_cap)
     return tile, m_tiles, rule
 

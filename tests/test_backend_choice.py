@@ -78,6 +78,11 @@ def test_plans_are_sized_for_the_backend_and_layout_that_run_them():
     assert "DecodePlan[cutlass]" in cut.describe()
     paged = splitkv.plan(sl, 32, 8, 128, num_sms=132, backend="cutlass", paged=True)
     assert (paged.rule.target, paged.paged) == (33, True) and "paged" in paged.describe()
+    # a paged D 256 tile fits once per SM: sized for two, the plan would run a second wave
+    big = splitkv.plan(torch.tensor([32768], dtype=torch.int32), 32, 8, 256, num_sms=132, backend="cutlass",
+                       paged=True)
+    assert big.rule.target == 16 and big.num_splits.tolist() == [16]
+    assert heuristics.blocks_per_sm("cutlass", True, 192) == 2 and heuristics.blocks_per_sm("triton", True, 256) == 2
 
 
 def test_decode_without_a_plan_plans_once_per_signature(monkeypatch):

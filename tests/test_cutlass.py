@@ -56,6 +56,18 @@ def test_two_blocks_per_sm_at_d128_and_below_when_splitting():
     assert config.split_config("bfloat16", 128, 16, True, splitting=False).block_n == 64  # paged
 
 
+def test_the_planners_smem_formula_is_the_split_configs():
+    """heuristics.cutlass_split_smem (what the planner sizes residency by) = SplitConfig.smem_bytes."""
+    from splitkv import heuristics
+
+    for dt in config.DTYPES:
+        for d in config.HEAD_DIMS:
+            for bm in config.BLOCK_MS:
+                for paged in (False, True):
+                    c = config.split_config(dt, d, bm, paged)
+                    assert heuristics.cutlass_split_smem(d, bm, paged) == c.smem_bytes, c
+
+
 @pytest.mark.parametrize("bad", [dict(dtype="float32"), dict(head_dim=72), dict(block_m=8),
                                  dict(block_n=32), dict(num_stages=1), dict(block_n=256, num_stages=4)])
 def test_bad_split_configs_are_rejected(bad):

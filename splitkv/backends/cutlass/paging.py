@@ -7,9 +7,9 @@ at row n % page_size. Table entries are read only for keys < end, so entries pas
 last page (garbage) are never used, and cache rows past the split's end are never loaded (NaN in
 unused slots cannot reach the output). The split kernel reads a tile's table entries one tile
 ahead of its copies (lookup_pages), so their latency hides under the MMA of the tile in between.
-Rows that are not loaded are zero-filled in shared memory, because P @ V multiplies them by p = 0 and 0 * NaN would poison the accumulator. So are the padding
-columns of a head dim that is not a multiple of 64 (80, 96: tiles of 128 columns), never read
-from global memory.
+Rows that are not loaded are zero-filled in shared memory, because P @ V multiplies them by p = 0
+and 0 * NaN would poison the accumulator. So are the padding columns of a head dim that is not a
+multiple of 64 (80, 96: tiles of 128 columns), never read from global memory.
 """
 
 from dataclasses import dataclass
