@@ -344,7 +344,8 @@ def test_variant_rows_pass_their_variant_and_count_the_window(quick_run):
                                **{k: v for k, v in kw.items() if k != drop})
         assert ref.error(wrong)[1] > 3 * err, drop
     names = [x.name for x in shapes.suite("variants")]
-    assert len(names) == len(set(names)) == 22 and "b1-l128k-h32x8-d128-paged16-win4095" in names
+    assert len(names) == len(set(names)) == 24 and "b1-l128k-h32x8-d128-paged16-win4095" in names
+    assert "b1-l32k-h32x8-d256-paged16" in names  # issue 13: D 256 at B=1 next to FlashInfer
 
 
 def test_noplan_provider_mode():
