@@ -6,6 +6,7 @@ BACKENDS = ("torch", "triton", "cutlass")  # the implementations; `auto` picks o
 BACKEND_CHOICES = ("auto",) + BACKENDS  # what `backend=` accepts
 
 HEAD_DIMS = (64, 80, 96, 128, 192, 256)  # the head dims the CuTe DSL kernels are built for (prebuilt by `compile`)
+FP8_HEAD_DIMS = (128, 256)  # ... and those its fp8-cache kernels take (others: Triton)
 SMEM_COLS = 64  # the CuTe kernels hold D in 64-column swizzled smem atoms: 80 and 96 run padded to 128
 
 

@@ -53,16 +53,19 @@ CUTLASS_BLOCKS_PER_SM = 1
 SM90_SMEM_PER_SM = 228 * 1024
 
 
-def cutlass_split_smem(head_dim: int, block_m: int, paged: bool) -> int:
+def cutlass_split_smem(head_dim: int, block_m: int, paged: bool, kv_fp8: bool = False) -> int:
     """Shared memory of the CuTe split kernel's split tile at `head_dim` (the query tile, the K/V
-    ring of cutlass_tile(splitting=True), 1 KB of alignment slack): SplitConfig.smem_bytes, which
-    a test holds this to."""
-    block_n, stages = cutlass_tile(head_dim, splitting=True, paged=paged)
+    ring of cutlass_tile(splitting=True) — fp8: 1-byte stages plus one fp16 K/V tile they are
+    converted into — and 1 KB of alignment slack): SplitConfig.smem_bytes, which a test holds
+    this to."""
+    block_n, stages = cutlass_tile(head_dim, splitting=True, paged=paged, kv_fp8=kv_fp8)
     padded = padded_head_dim(head_dim)
-    return block_m * padded * 2 + stages * 2 * block_n * padded * 2 + 1024
+    ring = stages * 2 * block_n * padded * (1 if kv_fp8 else 2) + (2 * block_n * padded * 2 if kv_fp8 else 0)
+    return block_m * padded * 2 + ring + 1024
 
 
-def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m: int = 16) -> int:
+def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m: int = 16,
+                  kv_fp8: bool = False) -> int:
     """Resident split blocks per SM the planner aims for, for the backend a plan is made for: no
     more than fit in shared memory. A paged D 256 cutlass tile (137 KB) fits once per SM: sized for
     two, its plan ran a second wave (H200, 2026-12-03, B=1 GQA 32/8 32K paged 16: 78.8 us vs 68.8
@@ -70,7 +73,7 @@ def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m
     if target != "cutlass":
         return BLOCKS_PER_SM
     want = BLOCKS_PER_SM if paged else CUTLASS_BLOCKS_PER_SM
-    fit = SM90_SMEM_PER_SM // (cutlass_split_smem(head_dim, block_m, paged) + 1024)
+    fit = SM90_SMEM_PER_SM // (cutlass_split_smem(head_dim, block_m, paged, kv_fp8) + 1024)
     return max(1, min(want, fit))
 
 # A split must stream at least this many keys. Each split pays a fixed cost: the Q tile load,
@@ -452,7 +455,7 @@ def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: in
 _UNSPLIT_TILES = {80: (128, 3), 96: (64, 4)}  # (block_n, stages) of D 80 / 96 unsplit contiguous plans
 
 
-def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> tuple[int, int]:
+def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_fp8: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
 
     Split plans: every stage holds K and V tiles of block_n x D (2 B each); the rule keeps a stage
@@ -477,9 +480,15 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
     B=16 32K D 80 396.1 / 313.7 / 398.2 / 617.6 us, D 96 415.5 / 460.5 / 397.2 / 609.4; paged 16
     keeps n64 s3 (D 80 408.1 vs 432.9 n128 s3, D 96 407.7 vs 462.6). D 192, B=1 32K: s3 53.8 vs s2
     55.7 contiguous, 66.6 vs 59.0 paged.
+
+    fp8 caches (D 128 / 256): 1-byte stages, so block_n 128 at D 128 (64 at 256) x 3 stages keeps
+    D 128 bf16's 32 KB per stage in flight; one CTA per SM (the fp16 tile the stages convert into
+    takes another 64 KB). First choice by that byte count, not yet swept.
     """
     padded = padded_head_dim(head_dim)  # 80 and 96 run on 128-column tiles (constants.padded_head_dim)
-    if padded == 64:
+    if kv_fp8:
+        block_n, stages = (128, 3) if padded <= 128 else (64, 3)
+    elif padded == 64:
         block_n, stages = 128, 3
     elif padded == 128:
         block_n, stages = (64, 3) if splitting or paged else _UNSPLIT_TILES.get(head_dim, (128, 2))
@@ -504,6 +513,9 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False) -> 
 # logits differ from transformers' by 0.136 / 0.160 (B=1 / 4) vs Triton's 0.148 / 0.164.
 AUTO_CUTLASS = True
 AUTO_CUTLASS_MIN_SPLITS = 2
+# fp8 caches: `auto` takes the cutlass kernel (fp8.py) by the same rule once it has measured
+# ahead of Triton's fp8 path on the H200; until then Triton.
+AUTO_CUTLASS_FP8 = False
 
 
 def auto_prefers_cutlass(max_splits: int) -> bool:

@@ -31,6 +31,7 @@ import torch
 from . import backends, validate
 from . import heuristics as H
 from . import workspace as W
+from .constants import FP8_HEAD_DIMS as CUTLASS_FP8_HEAD_DIMS
 from .constants import HEAD_DIMS as CUTLASS_HEAD_DIMS
 from .variants import FP8_DTYPES, PLAIN, PLAIN_KEY, Variant
 from .variants import make as make_variant
@@ -207,7 +208,7 @@ def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, 
     rule = H.split_rule(batch=prob.batch, groups_per_request=prob.num_kv_heads * m_tiles, block_n=tile.block_n,
                         max_seqlen=prob.max_seqlen, num_sms=num_sms,
                         blocks_per_sm=H.blocks_per_sm(backend, prob.page_size is not None, prob.head_dim,
-                                                      tile.block_m),
+                                                      tile.block_m, prob.kv_fp8),
                         num_splits=num_splits, batch_invariant=batch_invariant, span_cap=span_cap)
     return tile, m_tiles, rule
 
@@ -216,16 +217,17 @@ def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, var
     """backend="auto": torch on the CPU; on CUDA, cutlass where heuristics.auto_prefers_cutlass
     takes the plan (sm90, the CuTe DSL installed, a layout, head dim and variant it takes), Triton
     otherwise."""
-    cutlass_ok = prob.head_dim in CUTLASS_HEAD_DIMS and not prob.kv_fp8 and variant.fp8 is None
+    fp8_ok = prob.head_dim in CUTLASS_FP8_HEAD_DIMS and variant.softcap == 0 and variant.alibi_slopes is None
+    cutlass_ok = prob.head_dim in CUTLASS_HEAD_DIMS and (fp8_ok if prob.kv_fp8 else variant.fp8 is None)
     if backend == "cutlass" and not cutlass_ok:  # before resolve(): this error holds on any machine
-        raise ValueError(f"backend: 'cutlass' runs head dims {CUTLASS_HEAD_DIMS} with bf16/fp16 caches (no fp8); "
-                         f"got head dim {prob.head_dim}{' with an fp8 cache' if prob.kv_fp8 else ''}: "
-                         f"use backend='triton' or 'auto'")
+        raise ValueError(f"backend: 'cutlass' runs head dims {CUTLASS_HEAD_DIMS} (fp8 caches: {CUTLASS_FP8_HEAD_DIMS}, "
+                         f"without softcap / ALiBi); got head dim {prob.head_dim}"
+                         f"{' with an fp8 cache' if prob.kv_fp8 else ''}: use backend='triton' or 'auto'")
     name = backends.resolve(backend, device)
     if name == "cutlass" and not cutlass_ok:  # SPLITKV_BACKEND=cutlass over 'auto': what it cannot run goes to triton
         name = "triton"
     if (backend != "auto" or name != "triton" or not backends.auto_cutlass_here(device) or not layout_ok
-            or not cutlass_ok):
+            or not cutlass_ok or (prob.kv_fp8 and not H.AUTO_CUTLASS_FP8)):
         return name, backend == "auto"
     splits = _rule("cutlass", prob, **kw)[2].max_splits
     return ("cutlass" if kw["batch_invariant"] or H.auto_prefers_cutlass(splits) else "triton"), True
@@ -249,7 +251,7 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     splitting = rule.max_splits > 1 or batch_invariant  # batch-invariant: one tile whatever the grid
     whole = splitting and H.streams_whole_sequences(name, rule, prob.batch, prob.max_seqlen, batch_invariant)
     if name == "cutlass":
-        block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not whole, paged)
+        block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not whole, paged, prob.kv_fp8)
         tile = H.TileConfig(tile.block_m, block_n, tile.num_warps, stages)
         fuse = 1 < rule.max_splits <= H.CUTLASS_FUSED_MERGE_MAX_SPLITS
     else:

@@ -97,3 +97,18 @@ def test_decode_without_a_plan_plans_once_per_signature(monkeypatch):
     kp, vp, bt = to_paged(k, v, [3, 7], 16)
     splitkv.decode(q, kp, vp, sl, block_table=bt, backend="torch")
     assert len(seen) == 2 and seen[1].page_size == 16 and seen[1].max_seqlen == bt.shape[1] * 16
+
+
+@pytest.mark.skipif(not backends.cutlass_available(), reason="makes cutlass plans: needs nvidia-cutlass-dsl")
+def test_cutlass_takes_fp8_caches_at_its_head_dims():
+    """fp8 caches run on the CuTe kernel at D 128 / 256 without softcap / ALiBi (fp8.py), with a
+    1-byte-stage tile; elsewhere an explicit cutlass plan is refused, naming the head dims."""
+    sl = torch.tensor([32768], dtype=torch.int32)
+    f8 = torch.float8_e4m3fn
+    p = splitkv.plan(sl, 32, 8, 128, kv_dtype=f8, k_scale=0.5, v_scale=0.5, num_sms=132, backend="cutlass")
+    assert p.backend == "cutlass" and (p.tile.block_n, p.tile.num_stages) == (128, 3)
+    assert p.rule.target == 16  # one fp8 CTA per SM: the fp16 tile it converts into takes 64 KB more
+    with pytest.raises(ValueError, match=r"fp8 caches: \(128, 256\)"):
+        splitkv.plan(sl, 32, 8, 64, kv_dtype=f8, k_scale=0.5, v_scale=0.5, backend="cutlass")
+    with pytest.raises(ValueError, match="softcap"):
+        splitkv.plan(sl, 32, 8, 128, kv_dtype=f8, k_scale=0.5, v_scale=0.5, softcap=30.0, backend="cutlass")

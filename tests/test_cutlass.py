@@ -30,10 +30,11 @@ needs_dsl = pytest.mark.skipif(not backend.available(), reason="nvidia-cutlass-d
 def test_variant_lists_cover_every_launchable_config():
     split = config.split_variants()
     # dtype x D x block_m x paged, plus the other contiguous tile of D 80 / 96 / 128 / 192 (unsplit vs split:
-    # heuristics.cutlass_tile)
-    assert len(split) == 2 * 6 * 3 * 2 + 2 * 4 * 3 and len({c.name for c in split}) == len(split)
-    assert not any(c.paged and c.block_n == 128 and c.head_dim == 128 for c in split)
-    assert {(c.block_n, c.num_stages) for c in split if c.head_dim == 128} == {(64, 3), (128, 2)}
+    # heuristics.cutlass_tile); fp8 caches: format x dtype x D 128 / 256 x block_m x paged
+    assert len(split) == 2 * 6 * 3 * 2 + 2 * 4 * 3 + 2 * 2 * 2 * 3 * 2 and len({c.name for c in split}) == len(split)
+    assert not any(c.paged and c.block_n == 128 and c.head_dim == 128 and not c.kv_fp8 for c in split)
+    assert {(c.block_n, c.num_stages) for c in split if c.head_dim == 128 and not c.kv_fp8} == {(64, 3), (128, 2)}
+    assert {(c.head_dim, c.kv_fp8) for c in split if c.kv_fp8} == {(d, f) for d in (128, 256) for f in ("e4m3", "e5m2")}
     assert {c.block_m for c in split} == set(config.BLOCK_MS)  # every planner query tile
     assert len(config.merge_variants()) == 3 * 2 * 6
     for c in split:
@@ -66,6 +67,9 @@ def test_the_planners_smem_formula_is_the_split_configs():
                 for paged in (False, True):
                     c = config.split_config(dt, d, bm, paged)
                     assert heuristics.cutlass_split_smem(d, bm, paged) == c.smem_bytes, c
+                    if d in config.FP8_HEAD_DIMS:
+                        c = config.split_config(dt, d, bm, paged, kv_fp8="e4m3")
+                        assert heuristics.cutlass_split_smem(d, bm, paged, True) == c.smem_bytes, c
 
 
 @pytest.mark.parametrize("bad", [dict(dtype="float32"), dict(head_dim=72), dict(block_m=8),
@@ -121,7 +125,7 @@ def test_variants_compile_for_sm90a_without_spills(tmp_path):
     regex = "." if os.environ.get("SPLITKV_TEST_COMPILE_ALL") else \
         r"split_float16_d64_m16.*dense|split_bfloat16_d128_m16.*paged|split_float16_d256_m64.*dense|" \
         r"split_bfloat16_d128_m64.*paged|merge_float32_to_bfloat16_d128|split_float16_d80_m32.*dense|" \
-        r"merge_float16_to_float16_d96"
+        r"merge_float16_to_float16_d96|split_bfloat16_d256_m64.*paged_kve4m3"
     rc, rows = _compile_rows(regex, tmp_path)
     assert rc == 0 and all(r["ok"] for r in rows), rows
     assert len(rows) >= 5
@@ -414,6 +418,19 @@ for dt in (torch.float16, torch.bfloat16):
                                             return_lse=True)
                     torch.cuda.synchronize()
                     assert_close_to_reference(o, lse, q, k, v, sl)  # the contiguous cache holds the same keys
+for f8 in (torch.float8_e4m3fn, torch.float8_e5m2):  # fp8 caches (their kernels: C.FP8_HEAD_DIMS)
+    for dt in (torch.float16, torch.bfloat16):
+        for D in C.FP8_HEAD_DIMS:
+            for G, Sq in ((4, 1), (8, 4), (16, 4)):
+                for page in (None, 16):
+                    lens = [70, 3, 0]
+                    q, k, v, sl = make_inputs(3, Sq, 2 * G, 2, D, lens, torch.float32, 'cuda', seed=D + G,
+                                              nan_tail=False)
+                    k8, v8 = k.to(f8), v.to(f8)
+                    kk, vv, bt = (k8, v8, None) if page is None else to_paged(k8, v8, lens, page)
+                    splitkv.decode(q.to(dt), kk, vv, sl, block_table=bt, num_splits=3, backend='cutlass',
+                                   k_scale=0.5, v_scale=2.0)
+                    torch.cuda.synchronize()
 for pdt in (torch.float32, torch.float16, torch.bfloat16):  # merge_states feeds fp16/bf16 partials
     for odt in (torch.float16, torch.bfloat16):
         for D in C.HEAD_DIMS:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ... import heuristics as H
+from ...constants import FP8_HEAD_DIMS, LOW_DTYPE_NAMES, padded_head_dim
 from ...constants import HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from ...constants import LOW_DTYPE_NAMES, padded_head_dim
 
 # dtype names shared by the torch side (launch) and the DSL side (kernel classes)
 DTYPES = LOW_DTYPE_NAMES
 PART_DTYPES = ("float32", "float16", "bfloat16")
 HEAD_DIMS = SUPPORTED_HEAD_DIMS
+KV_FP8_FORMATS = ("", "e4m3", "e5m2")  # SplitConfig.kv_fp8: none, or the cache's fp8 format
 BLOCK_MS = (16, 32, 64)  # the planner's query tile rows (heuristics.tile_config): 16 .. 64
 NUM_THREADS = 128  # 4 warps: with block_m 16 they split the keys of a tile (see SplitConfig)
 MMA_M = 16  # rows of one mma.sync m16n8k16 atom = rows one warp owns
@@ -43,7 +44,9 @@ class SplitConfig:
     head_dim is the model's D; shared memory and the MMAs work on padded_dim (D rounded up to 64
     columns: 80 and 96 run as 128, zero-padded in shared memory only). softcap / alibi / window
     compile the attention variants' score code in (splitkv.variants; sinks are a runtime pointer:
-    they enter once per row, where a row's output is final).
+    they enter once per row, where a row's output is final). kv_fp8 ("e4m3" / "e5m2", D 128 / 256):
+    the K/V stages hold the cache's fp8 bytes; each tile is converted in shared memory into one
+    fp16 K/V tile and the MMAs run in fp16 (fp8.py); dtype stays the query / output dtype.
     """
 
     dtype: str
@@ -55,6 +58,7 @@ class SplitConfig:
     softcap: bool = False
     alibi: bool = False
     window: bool = False
+    kv_fp8: str = ""  # "", "e4m3" or "e5m2": the cache's fp8 format
     pdl: bool = H.CUTLASS_PDL  # programmatic dependent launch (see heuristics.CUTLASS_PDL)
 
     def __post_init__(self):
@@ -66,6 +70,11 @@ class SplitConfig:
                              f"a multiple of {MMA_K} keys per warp")
         if self.num_stages < 2:
             raise ValueError(f"num_stages: a cp.async pipeline needs >= 2 stages, got {self.num_stages}")
+        _one_of("kv_fp8", self.kv_fp8, KV_FP8_FORMATS)
+        if self.kv_fp8 and self.head_dim not in FP8_HEAD_DIMS:
+            raise ValueError(f"head_dim: fp8 caches run at {FP8_HEAD_DIMS}, got {self.head_dim}")
+        if self.kv_fp8 and (self.softcap or self.alibi):  # k_scale rides in the softmax scale they read
+            raise ValueError("kv_fp8: fp8 caches run without softcap / ALiBi on this backend")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"{self}: needs {self.smem_bytes} B of shared memory, limit {SMEM_LIMIT}")
 
@@ -90,8 +99,18 @@ class SplitConfig:
         return 2
 
     @property
+    def mma_dtype(self) -> str:
+        """The MMAs' operand dtype: fp16 for fp8 caches (one cvt per two fp8 values), else dtype."""
+        return "float16" if self.kv_fp8 else self.dtype
+
+    @property
     def kv_stage_bytes(self) -> int:
-        return 2 * self.block_n * self.padded_dim * self.elem_bytes
+        return 2 * self.block_n * self.padded_dim * (1 if self.kv_fp8 else self.elem_bytes)
+
+    @property
+    def convert_bytes(self) -> int:
+        """fp8: the fp16 K and V tile each stage is converted into (0 otherwise)."""
+        return 2 * self.block_n * self.padded_dim * 2 if self.kv_fp8 else 0
 
     @property
     def reduce_bytes(self) -> int:
@@ -103,13 +122,14 @@ class SplitConfig:
     def smem_bytes(self) -> int:
         q = self.block_m * self.padded_dim * self.elem_bytes
         # the epilogue scratch reuses the K/V ring once the pipeline has drained
-        return q + max(self.num_stages * self.kv_stage_bytes, self.reduce_bytes) + 1024
+        return q + max(self.num_stages * self.kv_stage_bytes + self.convert_bytes, self.reduce_bytes) + 1024
 
     @property
     def name(self) -> str:
         mods = "".join(tag for on, tag in ((self.softcap, "_cap"), (self.alibi, "_alibi"), (self.window, "_win")) if on)
         return (f"split_{self.dtype}_d{self.head_dim}_m{self.block_m}_n{self.block_n}_s{self.num_stages}"
-                f"_{'paged' if self.paged else 'dense'}{mods}{'' if self.pdl else '_nopdl'}")
+                f"_{'paged' if self.paged else 'dense'}{mods}{'_kv' + self.kv_fp8 if self.kv_fp8 else ''}"
+                f"{'' if self.pdl else '_nopdl'}")
 
 
 @dataclass(frozen=True)
@@ -152,22 +172,24 @@ def merge_elems_per_lane(head_dim: int) -> int:
 SMEM_LIMIT = 227 * 1024
 
 
-def tile_for(head_dim: int, splitting: bool = True, paged: bool = False) -> tuple[int, int]:
+def tile_for(head_dim: int, splitting: bool = True, paged: bool = False, kv_fp8: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the split kernel: the rule lives in splitkv/heuristics.py."""
-    return H.cutlass_tile(head_dim, splitting, paged)
+    return H.cutlass_tile(head_dim, splitting, paged, kv_fp8)
 
 
 def split_config(dtype: str, head_dim: int, block_m: int, paged: bool, pdl: bool = H.CUTLASS_PDL,
-                 splitting: bool = True) -> SplitConfig:
-    block_n, stages = tile_for(head_dim, splitting, paged)
-    return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, pdl=pdl)
+                 splitting: bool = True, kv_fp8: str = "") -> SplitConfig:
+    block_n, stages = tile_for(head_dim, splitting, paged, bool(kv_fp8))
+    return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, kv_fp8=kv_fp8, pdl=pdl)
 
 
 def split_variants() -> list[SplitConfig]:
     """Every split kernel the backend can launch (block_m comes from the plan's tile; the tile
-    rule may differ for plans that split and plans that do not)."""
-    every = (split_config(dt, d, bm, paged, splitting=sp) for dt in DTYPES for d in HEAD_DIMS for bm in BLOCK_MS
-             for paged in (False, True) for sp in (True, False))
+    rule may differ for plans that split and plans that do not), fp8 caches included."""
+    every = [split_config(dt, d, bm, paged, splitting=sp) for dt in DTYPES for d in HEAD_DIMS for bm in BLOCK_MS
+             for paged in (False, True) for sp in (True, False)]
+    every += [split_config(dt, d, bm, paged, kv_fp8=f) for f in KV_FP8_FORMATS[1:] for dt in DTYPES
+              for d in FP8_HEAD_DIMS for bm in BLOCK_MS for paged in (False, True)]
     return list({c.name: c for c in every}.values())
 
 

@@ -18,8 +18,9 @@ from splitkv.constants import LOG2E
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 # the split kernel's leading pointer arguments: q, k, v, lens, num_splits, chunks, table, o_part,
-# lse_part, out, lse, counters, sinks, alibi (what a bound launch passes per call)
-N_POINTERS = 14
+# lse_part, out, lse, counters, sinks, alibi, k_scales, v_scales (what a bound launch passes per call)
+N_POINTERS = 16
+_KV_FP8 = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}  # SplitConfig.kv_fp8 of a cache dtype
 _PACKERS: dict[tuple[str, str], Packer] = {}
 
 
@@ -33,7 +34,7 @@ def fake_split_args():
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
 
-    return ([Int64(0)] * N_POINTERS + [Int32(0)] * 11 + [Int64(0)] * 22 + [Float32(0.0)] * 2
+    return ([Int64(0)] * N_POINTERS + [Int32(0)] * 11 + [Int64(0)] * 22 + [Float32(0.0)] * 3
             + [cute.runtime.make_fake_stream()])
 
 
@@ -67,29 +68,35 @@ def _split_launcher(dtype: str, head_dim: int, block_m: int, block_n: int, stage
     return compile_split(SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, *mods), arch)
 
 
-def variant_flags(variant) -> tuple[bool, bool, bool]:
-    """(softcap, alibi, window): the variant options compiled into a split kernel (SplitConfig)."""
+def variant_flags(variant, kv_dtype=None) -> tuple:
+    """(softcap, alibi, window, kv_fp8): what of a call is compiled into its split kernel
+    (SplitConfig): the variant's options and the fp8 format of a cache of kv_dtype."""
+    fp8 = _KV_FP8.get(kv_dtype, "")
     if variant is None:
-        return (False, False, False)
-    return (variant.softcap > 0, variant.alibi_slopes is not None, variant.windowed)
+        return (False, False, False, fp8)
+    return (variant.softcap > 0, variant.alibi_slopes is not None, variant.windowed, fp8)
 
 
-def variant_pointers(variant) -> tuple[int, int]:
-    """(sinks, ALiBi slopes) data pointers of a launch, 0 where the call has none."""
+def variant_pointers(variant) -> tuple[int, int, int, int]:
+    """(sinks, ALiBi slopes, k_scales, v_scales) data pointers of a launch, 0 where the call has
+    none (fp8 scales: per KV head only; per-tensor ones are scalars)."""
     if variant is None:
-        return 0, 0
-    sinks, slopes = variant.sinks, variant.alibi_slopes
-    return (sinks.data_ptr() if sinks is not None else 0, slopes.data_ptr() if slopes is not None else 0)
+        return 0, 0, 0, 0
+    return tuple(t.data_ptr() if t is not None else 0 for t in variant.tensors())
 
 
 def variant_scalars(variant, scale: float) -> tuple:
-    """(win_left, win_right, scale_log2, pre_mul) of a launch (score_mod.py: softcap moves the
-    scale inside tanh; an unbounded window side is a large number)."""
+    """(win_left, win_right, scale_log2, pre_mul, v_mul) of a launch (score_mod.py: softcap moves
+    the scale inside tanh; an unbounded window side is a large number; a per-tensor fp8 k_scale
+    folds into scale_log2, v_scale is v_mul)."""
     left, right = variant.window_bounds() if variant is not None else (0, 0)
     cap = variant.softcap if variant is not None else 0.0
+    v_mul = 1.0
+    if variant is not None and variant.fp8 == "tensor":
+        scale, v_mul = float(scale) * variant.k_scale, float(variant.v_scale)
     if cap > 0:
-        return left, right, cap * LOG2E, float(scale) / cap
-    return left, right, float(scale) * LOG2E, 1.0
+        return left, right, cap * LOG2E, float(scale) / cap, v_mul
+    return left, right, float(scale) * LOG2E, 1.0, v_mul
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,11 +172,11 @@ def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, l
     index = _device_index(q)
     arch = _arch(index)
     tile = plan.tile
-    mods = variant_flags(variant)
+    mods = variant_flags(variant, k_cache.dtype)
     if cfg is None:
         launch = _split_launcher(_DTYPE_NAMES[q.dtype], D, tile.block_m, tile.block_n, tile.num_stages, paged, mods,
                                  arch)
-    elif ((cfg.block_m, cfg.head_dim, cfg.paged, cfg.dtype, (cfg.softcap, cfg.alibi, cfg.window))
+    elif ((cfg.block_m, cfg.head_dim, cfg.paged, cfg.dtype, (cfg.softcap, cfg.alibi, cfg.window, cfg.kv_fp8))
           != (plan.tile.block_m, D, paged, _DTYPE_NAMES[q.dtype], mods)):
         raise ValueError(f"cfg: {cfg} does not match the plan / inputs")
     else:
@@ -182,7 +189,7 @@ def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, l
     p_strides = o_part.stride()[:4] if parts else (0, 0, 0, 0)
     l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
     bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
-    left, right, scale_log2, pre_mul = variant_scalars(variant, scale)
+    left, right, scale_log2, pre_mul, v_mul = variant_scalars(variant, scale)
     return launch, [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
                      plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(), bt.data_ptr(), op.data_ptr(),
                      lp.data_ptr(), out.data_ptr(), lse.data_ptr(), plan.counters.data_ptr() if fuse else 0,
@@ -191,7 +198,7 @@ def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, l
                      k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)), int(fuse), left, right,
                      *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], bt.stride(0) if paged else 0,
                      *p_strides, *l_strides, *out.stride()[:3], *lse.stride()[:2],
-                     scale_log2, pre_mul, _stream(index)]
+                     scale_log2, pre_mul, v_mul, _stream(index)]
 
 
 def merge_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: MergeConfig | None = None,
@@ -242,7 +249,8 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
 def _call_key(q, k_cache, v_cache, block_table, out, scale, causal, qkv_bits: int, out_bits: int, variant) -> tuple:
     vkey = variant.kernel_key() if variant is not None else None
     return ("cutlass", q.stride(), k_cache.shape[1], k_cache.stride(), v_cache.stride(), out.stride(),
-            block_table.stride(0) if block_table is not None else -1, causal, scale, q.dtype, qkv_bits, out_bits, vkey)
+            block_table.stride(0) if block_table is not None else -1, causal, scale, q.dtype, k_cache.dtype, qkv_bits,
+            out_bits, vkey)
 
 
 def _run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
@@ -282,7 +290,8 @@ def merge(o_part, lse_part, num_splits, out, lse, *, skip_single=False, sinks=No
 
 def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=None):
     """launch(stream, q, k, v, lens, table, out, lse data pointers[, vptrs]; table = lens when not
-    paged; vptrs: a variant call's Variant.pointers(), whose sinks and ALiBi slopes pass per call)
+    paged; vptrs: a variant call's Variant.pointers() — sinks, ALiBi slopes, per-head fp8 scales —
+    passed per call)
     for calls laid out as this one, which run() has launched (checked, compiled) already, with
     16-byte aligned pointers (the caller checks each call's); None where only run() can launch
     (another current device, a merge launch to follow, the DSL's own packing)."""
@@ -297,14 +306,12 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
     ns, ch = plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr()
     if plan.o_part is None:
         def launch(stream, qp, kp, vp, lens, bt, o, lse_p, vptrs=None):
-            sk, al = (0, 0) if vptrs is None else vptrs[:2]
-            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, 0, sk, al)
+            split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, 0, *(vptrs or (0, 0, 0, 0)))
 
         return launch
     op, lp, cnt = plan.o_part.data_ptr(), plan.lse_part.data_ptr(), plan.counters.data_ptr()
 
     def launch(stream, qp, kp, vp, lens, bt, o, lse_p, vptrs=None):
-        sk, al = (0, 0) if vptrs is None else vptrs[:2]
-        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt, sk, al)
+        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt, *(vptrs or (0, 0, 0, 0)))
 
     return launch

@@ -31,11 +31,13 @@ def gmem_vec(dtype, addr, n, align):
 @dataclass(frozen=True)
 class KVRows:
     """Byte addresses of the K and V rows of one (request, KV head). Frozen: the DSL then treats
-    it as read-only inside dynamic control flow. Strides are in elements."""
+    it as read-only inside dynamic control flow. Strides are in cache elements of elem_bytes;
+    rows are copied as `dtype` elements (fp8 caches: 16-bit pairs, fp8.py)."""
 
     paged: bool
     dtype: type
-    head_dim: int  # the real D (columns past it in a padded tile are zero-filled)
+    head_dim: int  # the real row width in `dtype` elements (columns past it in a padded tile are zero-filled)
+    elem_bytes: int  # bytes of one cache element (the strides' unit)
     k_base: Int64  # address of (kvh) [paged] or (b, kvh) [contiguous]: the fixed part of the offset
     v_base: Int64
     k_sb: Int64
@@ -47,15 +49,15 @@ class KVRows:
 
     @staticmethod
     def create(paged: bool, dtype, head_dim: int, k_addr, v_addr, k_strides, v_strides, kvh, b, bt_addr,
-               bt_stride, page_size):
-        nbytes = dtype.width // 8
+               bt_stride, page_size, elem_bytes: int = 2):
+        nbytes = elem_bytes
         if paged:
-            return KVRows(True, dtype, head_dim,
+            return KVRows(True, dtype, head_dim, elem_bytes,
                           k_addr + Int64(kvh) * k_strides[2] * nbytes, v_addr + Int64(kvh) * v_strides[2] * nbytes,
                           k_strides[0], k_strides[1], v_strides[0], v_strides[1],
                           gmem_vec(Int32, bt_addr + Int64(b) * bt_stride * 4, 1 << 30, 4),
                           cute.FastDivmodDivisor(page_size))
-        return KVRows(False, dtype, head_dim,
+        return KVRows(False, dtype, head_dim, elem_bytes,
                       k_addr + (Int64(b) * k_strides[0] + Int64(kvh) * k_strides[2]) * nbytes,
                       v_addr + (Int64(b) * v_strides[0] + Int64(kvh) * v_strides[2]) * nbytes,
                       k_strides[0], k_strides[1], v_strides[0], v_strides[1], None, None)
@@ -81,8 +83,7 @@ class KVRows:
         else:
             k_off = Int64(n) * self.k_sn
             v_off = Int64(n) * self.v_sn
-        nbytes = self.dtype.width // 8
-        return self.k_base + k_off * nbytes, self.v_base + v_off * nbytes
+        return self.k_base + k_off * self.elem_bytes, self.v_base + v_off * self.elem_bytes
 
 
 @cute.jit

@@ -48,11 +48,12 @@ Measured alternatives (H200, bf16 D 128, CUDA-graph replay, 2026-11-29; benchmar
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float16, Float32, Int32, Int64
 
 from splitkv.backends.cutlass import layouts, score_mod
 from splitkv.backends.cutlass.config import MMA_M, NUM_THREADS, SplitConfig
 from splitkv.backends.cutlass.epilogue import Outputs, merge_and_store, scratch_layouts, stash_warp_state
+from splitkv.backends.cutlass.fp8 import convert_chunks, load_q_tile_f16
 from splitkv.backends.cutlass.fused_merge import is_last_arrival, merge_partials
 from splitkv.backends.cutlass.mainloop import WarpAttention
 from splitkv.backends.cutlass.paging import KVRows, gmem_vec, load_kv_tile, load_q_tile, lookup_pages
@@ -65,7 +66,14 @@ DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 class SplitKernel:
     def __init__(self, cfg: SplitConfig):
         self.cfg = cfg
-        self.dtype = DTYPES[cfg.dtype]
+        self.dtype = DTYPES[cfg.dtype]  # q and the output
+        self.mma = DTYPES[cfg.mma_dtype]  # the MMAs' operands: fp16 for fp8 caches (fp8.py)
+        # a K/V stage as copied: fp8 rows move as 16-bit pairs (fp8.py), D / 2 of them
+        fp8 = bool(cfg.kv_fp8)
+        self.kv_dtype = cutlass.Float16 if fp8 else self.dtype
+        self.kv_cols = cfg.padded_dim // 2 if fp8 else cfg.padded_dim  # stage width, copy elements
+        self.kv_real = cfg.head_dim // 2 if fp8 else cfg.head_dim  # ... of which real
+        self.kv_bytes = 1 if fp8 else 2  # a cache element
 
     def __repr__(self):  # the DSL mangles the repr into the kernel's symbol: keep it stable
         return self.cfg.name
@@ -73,34 +81,38 @@ class SplitKernel:
     @cute.jit
     def __call__(self, q: Int64, k: Int64, v: Int64, seqlens: Int64, nsplits: Int64, chunks: Int64,
                  block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64, counters: Int64,
-                 sinks: Int64, alibi: Int64,
+                 sinks: Int64, alibi: Int64, k_scales: Int64, v_scales: Int64,
                  max_splits: Int32, batch: Int32, num_kv_heads: Int32, m_tiles: Int32, group: Int32,
                  q_len: Int32, page_size: Int32, causal: Int32, fuse: Int32, win_left: Int32, win_right: Int32,
                  s_qb: Int64, s_qt: Int64, s_qh: Int64, s_kb: Int64, s_kn: Int64, s_kh: Int64,
                  s_vb: Int64, s_vn: Int64, s_vh: Int64, s_btb: Int64,
                  s_ps: Int64, s_pb: Int64, s_ph: Int64, s_pt: Int64, s_ls: Int64, s_lb: Int64, s_lh: Int64,
                  s_ob: Int64, s_ot: Int64, s_oh: Int64, s_lob: Int64, s_loh: Int64,
-                 scale_log2: Float32, pre_mul: Float32, stream: cuda.CUstream):
+                 scale_log2: Float32, pre_mul: Float32, v_mul: Float32, stream: cuda.CUstream):
         """Host side: launch grid (B * Hkv * m_tiles, max_splits). Addresses are raw device
-        pointers (ints; sinks / alibi 0 when the call has none), strides in elements."""
+        pointers (ints; sinks / alibi / per-KV-head fp8 scales 0 when the call has none), strides in
+        elements. fp8: scale_log2 holds a per-tensor k_scale, v_mul the per-tensor v_scale."""
         self.kernel(q, k, v, seqlens, nsplits, chunks, block_table, o_part, lse_part, out, lse, counters,
-                    sinks, alibi, num_kv_heads, m_tiles, group, q_len, page_size, causal, fuse, win_left, win_right,
+                    sinks, alibi, k_scales, v_scales, num_kv_heads, m_tiles, group, q_len, page_size, causal, fuse,
+                    win_left, win_right,
                     (s_qb, s_qt, s_qh), (s_kb, s_kn, s_kh), (s_vb, s_vn, s_vh), s_btb,
                     (s_ps, s_pb, s_ph, s_pt), (s_ls, s_lb, s_lh, Int64(1)), (s_ob, s_ot, s_oh),
-                    (s_lob, s_loh), scale_log2, pre_mul,
+                    (s_lob, s_loh), scale_log2, pre_mul, v_mul,
                     ).launch(grid=[batch * num_kv_heads * m_tiles, max_splits, 1],
                              block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, q: Int64, k: Int64, v: Int64, seqlens: Int64, nsplits: Int64, chunks: Int64,
                block_table: Int64, o_part: Int64, lse_part: Int64, out: Int64, lse: Int64, counters: Int64,
-               sinks: Int64, alibi: Int64, num_kv_heads: Int32, m_tiles: Int32, group: Int32, q_len: Int32,
-               page_size: Int32, causal: Int32, fuse: Int32, win_left: Int32, win_right: Int32, q_strides,
-               k_strides, v_strides, s_btb: Int64, part_strides, lpart_strides, out_strides, lse_strides,
-               scale_log2: Float32, pre_mul: Float32):
+               sinks: Int64, alibi: Int64, k_scales: Int64, v_scales: Int64, num_kv_heads: Int32, m_tiles: Int32,
+               group: Int32, q_len: Int32, page_size: Int32, causal: Int32, fuse: Int32, win_left: Int32,
+               win_right: Int32, q_strides, k_strides, v_strides, s_btb: Int64, part_strides, lpart_strides,
+               out_strides, lse_strides, scale_log2: Float32, pre_mul: Float32, v_mul: Float32):
         cfg = self.cfg
         BM, BN, ST = cfg.block_m, cfg.block_n, cfg.num_stages
         D, DP = cfg.head_dim, cfg.padded_dim  # the model's head dim; the smem / MMA width (80, 96 -> 128)
+        F8 = cfg.kv_fp8  # "" or the cache's fp8 format: stages of 16-bit pairs, DP / 2 wide (fp8.py)
+        KW = self.kv_cols
         KPW, WN = cfg.keys_per_warp, cfg.warps_n
         tidx, _, _ = cute.arch.thread_idx()
         pid, split, _ = cute.arch.block_idx()  # (request, head, tile) on x: gridDim.y stops at 65535
@@ -134,30 +146,42 @@ class SplitKernel:
             row0 = mt * BM
 
             smem = cutlass.utils.SmemAllocator()
-            sQ = smem.allocate_tensor(self.dtype, layouts.smem_tile(BM, DP), 1024)
-            # one region: the K and V rings, later overlaid by the epilogue's fp32 scratch
+            sQ = smem.allocate_tensor(self.mma, layouts.smem_tile(BM, DP), 1024)
+            # one region: the K and V rings (fp8: and the fp16 tile they convert into), later
+            # overlaid by the epilogue's fp32 scratch
             ring = smem.allocate(cfg.smem_bytes - BM * DP * cfg.elem_bytes - 1024, 1024)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout(1), 4)  # fused merge: "this CTA is last"
-            kv_layout = layouts.smem_tile(BN, DP, ST)
-            sK = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype), kv_layout)
-            sV = cute.make_tensor(cute.recast_ptr(ring, dtype=self.dtype) + cute.cosize(kv_layout), kv_layout)
+            kv_dtype = self.kv_dtype
+            kv_layout = layouts.smem_tile(BN, KW, ST)
+            sK = cute.make_tensor(cute.recast_ptr(ring, dtype=kv_dtype), kv_layout)
+            sV = cute.make_tensor(cute.recast_ptr(ring, dtype=kv_dtype) + cute.cosize(kv_layout), kv_layout)
+            sKc = sVc = None  # fp8: the fp16 K / V tile of the tile being computed on
+            if cutlass.const_expr(F8):
+                c_layout = layouts.smem_tile(BN, DP)
+                sKc = cute.make_tensor(cute.recast_ptr(ring, dtype=Float16) + 2 * cute.cosize(kv_layout), c_layout)
+                sVc = cute.make_tensor(cute.recast_ptr(ring, dtype=Float16) + 2 * cute.cosize(kv_layout)
+                                       + cute.cosize(c_layout), c_layout)
 
-            gcopy = layouts.g2s_copy(self.dtype)
+            qcopy = layouts.g2s_copy(self.mma)
+            gcopy = layouts.g2s_copy(kv_dtype)
             thr_copy = gcopy.get_slice(tidx)
-            tQsQ = thr_copy.partition_D(sQ)
-            tQcQ = thr_copy.partition_S(cute.make_identity_tensor((BM, DP)))
+            q_copy = qcopy.get_slice(tidx)
+            tQsQ = q_copy.partition_D(sQ)
+            tQcQ = q_copy.partition_S(cute.make_identity_tensor((BM, DP)))
             tKsK = thr_copy.partition_D(sK)
             tVsV = thr_copy.partition_D(sV)
-            tKcK = thr_copy.partition_S(cute.make_identity_tensor((BN, DP)))
-            kv = KVRows.create(cfg.paged, self.dtype, D, k, v, k_strides, v_strides, kvh, b, block_table, s_btb,
-                               page_size)
+            tKcK = thr_copy.partition_S(cute.make_identity_tensor((BN, KW)))
+            kv = KVRows.create(cfg.paged, kv_dtype, self.kv_real, k, v, k_strides, v_strides, kvh, b,
+                               block_table, s_btb, page_size, self.kv_bytes)
 
             # paged: the table entries of the next tile to copy, read one tile ahead (lookup_pages)
             pages = None
             if cutlass.const_expr(cfg.paged):
                 pages = cute.make_rmem_tensor(cute.make_layout(cute.size(tKcK, mode=[1])), Int32)
-            # prologue: Q and the first num_stages - 1 tiles, one commit group per tile
-            load_q_tile(gcopy, self.dtype, D, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
+            # prologue: Q and the first num_stages - 1 tiles, one commit group per tile (a bf16 Q
+            # for fp16 MMAs: converted after the tiles are in flight)
+            if cutlass.const_expr(self.mma is self.dtype):
+                load_q_tile(qcopy, self.dtype, D, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
             for t in cutlass.range_constexpr(ST - 1):
                 if t < n_tiles:
                     if cutlass.const_expr(cfg.paged):
@@ -168,9 +192,16 @@ class SplitKernel:
             if cutlass.const_expr(cfg.paged):
                 if ST - 1 < n_tiles:
                     lookup_pages(kv, tKcK, start + (ST - 1) * BN, end, pages)
+            if cutlass.const_expr(self.mma is not self.dtype):
+                load_q_tile_f16(self.dtype, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
+            if cutlass.const_expr(F8):  # per-KV-head fp8 scales (per-tensor ones came folded in)
+                if k_scales != 0:
+                    scale_log2 = scale_log2 * gmem_vec(Float32, k_scales + Int64(kvh) * 4, 1, 4)[0]
+                if v_scales != 0:
+                    v_mul = gmem_vec(Float32, v_scales + Int64(kvh) * 4, 1, 4)[0]
 
             sQ_w = cute.local_tile(sQ, (MMA_M, DP), (wm, 0))
-            wa = WarpAttention.create(self.dtype, DP, KPW, lane, sQ_w)
+            wa = WarpAttention.create(self.mma, DP, KPW, lane, sQ_w)
             n_rows = cute.size(wa.s_coords, mode=[0])
             sm = OnlineSoftmax.create(n_rows, scale_log2)
             # key bounds of each of this thread's accumulator rows (score_mod.RowBounds): the split's
@@ -203,8 +234,17 @@ class SplitKernel:
                 cute.arch.cp_async_commit_group()
                 stage = t % ST
                 n0 = start + t * BN
-                sK_w = cute.local_tile(sK[None, None, stage], (KPW, DP), (wn, 0))
-                sV_w = cute.local_tile(sV[None, None, stage], (KPW, DP), (wn, 0))
+                sKt = sKc
+                sVt = sVc
+                if cutlass.const_expr(F8):  # this thread's own chunks of tile t -> the fp16 tile
+                    convert_chunks(tKsK[None, None, None, stage], tKcK, sKc, F8)
+                    convert_chunks(tVsV[None, None, None, stage], tKcK, sVc, F8)
+                    cute.arch.barrier()
+                else:
+                    sKt = sK[None, None, stage]
+                    sVt = sV[None, None, stage]
+                sK_w = cute.local_tile(sKt, (KPW, DP), (wn, 0))
+                sV_w = cute.local_tile(sVt, (KPW, DP), (wn, 0))
                 acc_s = wa.scores(sK_w)
                 if cutlass.const_expr(cfg.softcap or cfg.alibi):
                     score_mod.apply(acc_s, wa.s_coords, n0 + wn * KPW, rows, cfg.softcap, pre_mul)
@@ -218,6 +258,8 @@ class SplitKernel:
 
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()  # the K/V ring is free: the epilogue scratch overlays it
+            if cutlass.const_expr(F8):  # v_scale: once, on the unnormalised output (it commutes with the rest)
+                wa.acc_o.store(wa.acc_o.load() * v_mul)
             sm.finalize()
             red_layout, stats_layout = scratch_layouts(BM, DP, WN)
             scratch = cute.recast_ptr(ring, dtype=Float32)
