@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import splitkv
 
 from .. import backends
-from ..constants import HEAD_DIMS
+from ..constants import FP8_HEAD_DIMS, HEAD_DIMS
 from .inputs import Case, TensorSet
 
 
@@ -144,8 +144,8 @@ class SplitKV(Provider):
         except (ValueError, RuntimeError) as exc:
             return str(exc)
         s = case.shape
-        if self.backend == "cutlass" and (s.kv_dtype or s.head_dim not in HEAD_DIMS):
-            return f"cutlass runs head dims {HEAD_DIMS} without fp8 KV (auto runs triton)"
+        if self.backend == "cutlass" and (s.head_dim not in (FP8_HEAD_DIMS if s.kv_dtype else HEAD_DIMS)):
+            return f"cutlass runs head dims {HEAD_DIMS}, fp8 KV at {FP8_HEAD_DIMS}"
         return None
 
     def session(self, case: Case, graph: bool) -> Session:
