@@ -54,15 +54,11 @@ def _launch():
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
         variant=None):
-    if variant is not None and variant.fp8 is not None:  # the plan never picks cutlass for one (plan.build)
-        raise ValueError("backend: 'cutlass' has no fp8 KV caches; use backend='triton' or 'auto'")
     _launch().run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale,
                   causal, None if variant is None or variant.plain else variant)
 
 
 def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal, variant=None):
-    if variant is not None and variant.fp8 is not None:  # never run here (plan.build), so never bound
-        return None
     return _launch().bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale, causal,
                           None if variant is None or variant.plain else variant)
 
