@@ -72,7 +72,8 @@ def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m
     contiguous; results/2026-12-03-h200-paged/)."""
     if target != "cutlass":
         return BLOCKS_PER_SM
-    want = BLOCKS_PER_SM if paged else CUTLASS_BLOCKS_PER_SM
+    want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: a CTA's conversion
+    # pass and its MMAs run in series, so a second CTA per SM overlaps them where it fits
     fit = SM90_SMEM_PER_SM // (cutlass_split_smem(head_dim, block_m, paged, kv_fp8) + 1024)
     return max(1, min(want, fit))
 
