@@ -95,7 +95,7 @@ def _compile_one(kind: str, fields: tuple, arch: str, dump_root: str) -> dict:
 
 
 def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_sizes=None, q_lens=None,
-             layouts=None, mods=None) -> list[tuple[str, tuple]]:
+             layouts=None, mods=None, kv_formats=None) -> list[tuple[str, tuple]]:
     """(kind, config fields) of the CuTe DSL variants to compile; each filter None = no restriction.
 
     head_dims: ints; dtypes: names ("bfloat16", "float16"); layouts: "dense" / "paged" (split
@@ -104,7 +104,8 @@ def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_size
     q_lens (q_lens default (1,)). Merge kernels are kept for the head dims and output dtypes
     asked, with float32 partials (decode's) and partials in those dtypes (merge_states').
     mods: attention-variant options compiled into the split kernels ("softcap", "alibi", "window";
-    default none: plain kernels; sinks need no kernel of their own).
+    default none: plain kernels; sinks need no kernel of their own). kv_formats: the caches' dtypes
+    as "bf16" (fp16/bf16 caches), "e4m3", "e5m2" (fp8 caches).
     """
     from dataclasses import astuple, replace
 
@@ -120,12 +121,14 @@ def variants(only: str | None = None, *, head_dims=None, dtypes=None, group_size
     splits = [c for c in split_variants()
               if (head_dims is None or c.head_dim in head_dims) and (dtypes is None or c.dtype in dtypes)
               and (layouts is None or ("paged" if c.paged else "dense") in layouts)
-              and (tiles is None or (c.head_dim, c.block_m) in tiles)]
+              and (tiles is None or (c.head_dim, c.block_m) in tiles)
+              and (kv_formats is None or (c.kv_fp8 or "bf16") in kv_formats)]
     merges = [c for c in merge_variants()
                 if (head_dims is None or c.head_dim in head_dims)
                 and (dtypes is None or (c.out_dtype in dtypes and c.part_dtype in ("float32", *dtypes)))]
-    if mods:
-        splits = [replace(c, **{m: True for m in mods}) for c in splits]
+    if mods:  # fp8 kernels take the window, not softcap / ALiBi (SplitConfig)
+        splits = [replace(c, **{m: True for m in mods}) for c in splits
+                  if not (c.kv_fp8 and {"softcap", "alibi"} & set(mods))]
     out = [("split", astuple(c)) for c in splits] + [("merge", astuple(c)) for c in merges]
     if only:
         rx = re.compile(only)
@@ -245,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     flt.add_argument("--q-lens", type=_list(int, tuple(range(1, 17))),
                    help="query tokens per decode (Sq; > 1 for speculative verify), e.g. 1,4 (default 1)")
     flt.add_argument("--layouts", type=_list(str, ("dense", "paged")), help="KV cache layouts: dense,paged")
+    flt.add_argument("--kv-formats", type=_list(str, ("bf16", "e4m3", "e5m2")),
+                     help="KV cache dtypes: bf16 (fp16/bf16 caches), e4m3, e5m2 (fp8 caches; compile only)")
     flt.add_argument("--variants", type=_list(str, VARIANT_MODS),
                      help="attention variants compiled into the split kernels, e.g. softcap,alibi,window "
                           "(default: plain kernels; --warmup warms plain and these together)")
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         print(INSTALL_HINT, file=sys.stderr)
         return 2
     todo = variants(args.only, head_dims=args.head_dims, dtypes=args.dtypes, group_sizes=group_sizes,
-                    q_lens=args.q_lens, layouts=args.layouts, mods=args.variants)
+                    q_lens=args.q_lens, layouts=args.layouts, mods=args.variants, kv_formats=args.kv_formats)
     if not todo:
         print("no variant matches the filters (--only / --head-dims / --dtypes / --heads / --group-sizes / "
               "--q-lens / --layouts)", file=sys.stderr)
