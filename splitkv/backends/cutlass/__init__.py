@@ -9,7 +9,8 @@ it, and calling run/merge without it raises a RuntimeError saying how to install
 
 Modules: config (pure-Python configs, tile rule, variant list), cache (compile cache), argpack
 (fast host argument packing), launch (glue), split_kernel / merge_kernel (kernel classes), and
-the device helpers layouts, paging, mainloop, score_mod (attention variants), softmax, epilogue.
+the device helpers layouts, paging, fp8 (fp8 caches), mainloop, score_mod (attention variants),
+softmax, epilogue.
 """
 
 import importlib.util
