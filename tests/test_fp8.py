@@ -186,6 +186,9 @@ def test_gpu_cutlass_fp8_matches_reference(fp8, qdt, per_head, case):
                                 num_splits=num_splits, backend="cutlass")
         assert o.dtype == qdt
         _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu())
+        again = splitkv.decode(q, k, v, sl, block_table=bt, k_scale=ks, v_scale=vs, num_splits=num_splits,
+                               backend="cutlass")  # a repeated signature: the lean path's bound launch
+        assert torch.equal(again, o)
 
 
 @pytest.mark.gpu
