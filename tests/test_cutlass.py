@@ -345,8 +345,10 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
     launch.split_(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True)
     t = p.tile
     assert len(got) == len(names) + 1
-    assert got["key"] == ("float16", 64, t.block_m, t.block_n, t.num_stages, paged, (False, False, False), "sm_90a")
+    assert got["key"] == ("float16", 64, t.block_m, t.block_n, t.num_stages, paged, (False, False, False, ""),
+                          "sm_90a")
     assert got["sinks"] == 0 and got["alibi"] == 0 and got["pre_mul"] == 1.0
+    assert got["k_scales"] == 0 and got["v_scales"] == 0 and got["v_mul"] == 1.0
     assert (got["group"], got["q_len"], got["num_kv_heads"], got["m_tiles"], got["batch"]) == (6, 3, 2, p.m_tiles, 2)
     assert got["page_size"] == (16 if paged else 1) and got["causal"] == 1
     assert got["fuse"] == 1 and got["counters"] == p.counters.data_ptr()  # 3 splits: merged in the split kernel
@@ -374,11 +376,39 @@ def test_variant_arguments_land_on_the_right_kernel_parameters(monkeypatch):
     sinks, slopes = torch.zeros(12), torch.ones(12)
     var = make((7, -1), 20.0, sinks, slopes, num_q_heads=12, device=q.device)
     launch.split_(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True, variant=var)
-    assert got["key"][6] == (True, True, True)
+    assert got["key"][6] == (True, True, True, "")
     assert (got["win_left"], got["win_right"]) == (7, 1 << 30)
     assert got["pre_mul"] == pytest.approx(0.125 / 20.0)
     assert got["scale_log2"] == pytest.approx(20.0 * 1.4426950408889634)
     assert got["sinks"] == sinks.data_ptr() and got["alibi"] == slopes.data_ptr()
+
+
+@needs_dsl
+@pytest.mark.parametrize("per_head", [False, True])
+def test_fp8_arguments_land_on_the_right_kernel_parameters(monkeypatch, per_head):
+    """An fp8 cache: its format in the kernel key; a per-tensor k_scale folded into scale_log2 and
+    v_scale in v_mul, or per-KV-head scales passed as pointers (fp8.py)."""
+    from splitkv.backends.cutlass import launch
+    from splitkv.backends.cutlass.split_kernel import SplitKernel
+    from splitkv.variants import make
+
+    got, names = _record_launches(monkeypatch, SplitKernel, "_split_launcher")
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 128, [300, 40], torch.bfloat16)
+    k8, v8 = k.to(torch.float8_e5m2), v.to(torch.float8_e5m2)
+    ks, vs = (torch.tensor([0.5, 0.25]), torch.tensor([2.0, 4.0])) if per_head else (0.5, 2.0)
+    p = splitkv.plan(sl, 8, 2, 128, num_splits=3, kv_dtype=k8.dtype, k_scale=ks, v_scale=vs, backend="cutlass")
+    var = make(num_q_heads=8, num_kv_heads=2, device=q.device, k_scale=ks, v_scale=vs, kv_dtype=k8.dtype)
+    o_part, lse_part = p.partials()
+    launch.split_(q, k8, v8, sl, None, p, o_part, lse_part, torch.empty_like(q), torch.empty(2, 8, 1), 0.125, True,
+                  variant=var)
+    assert got["key"][6] == (False, False, False, "e5m2") and len(got) == len(names) + 1
+    if per_head:
+        assert got["k_scales"] == var.k_scale.data_ptr() and got["v_scales"] == var.v_scale.data_ptr()
+        assert got["scale_log2"] == pytest.approx(0.125 * 1.4426950408889634) and got["v_mul"] == 1.0
+    else:
+        assert got["k_scales"] == 0 and got["v_scales"] == 0
+        assert got["scale_log2"] == pytest.approx(0.125 * 0.5 * 1.4426950408889634) and got["v_mul"] == 2.0
+    assert (got["s_kb"], got["s_kn"], got["s_kh"]) == k8.stride()[:3]  # in fp8 elements: the kernel's byte unit
 
 
 @needs_dsl
