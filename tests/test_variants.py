@@ -221,8 +221,8 @@ def test_cutlass_refuses_what_it_cannot_run():
     prob = Problem(1, 1, 4, 2, 72, 1024, None, BF16)  # 72: torch and triton only
     with pytest.raises(ValueError, match="backend: 'cutlass' runs head dims"):
         build(prob, "cpu", backend="cutlass")
-    prob = Problem(1, 1, 4, 2, 128, 1024, 16, BF16, kv_fp8=True)
-    with pytest.raises(ValueError, match="no fp8"):
+    prob = Problem(1, 1, 4, 2, 64, 1024, 16, BF16, kv_fp8=True)  # fp8 caches: D 128 / 256 only
+    with pytest.raises(ValueError, match=r"fp8 caches: \(128, 256\)"):
         build(prob, "cpu", backend="cutlass")
 
 

@@ -35,32 +35,21 @@ def pair_to_f16x2(pair, fmt: str, *, loc=None, ip=None):
 
 
 @cute.jit
-def _convert_chunk(tXs8, tXcX, s16, fmt: cutlass.Constexpr, m, k: cutlass.Constexpr):
-    pairs = cute.make_rmem_tensor(cute.make_layout(ELEMS_PER_COPY), Float16)
-    cute.autovec_copy(tXs8[None, m, k], pairs)
-    vals = cute.make_rmem_tensor(cute.make_layout(2 * ELEMS_PER_COPY), Float16)
-    for i in cutlass.range_constexpr(ELEMS_PER_COPY):
-        lo, hi = pair_to_f16x2(pairs[i], fmt)
-        vals[2 * i] = lo
-        vals[2 * i + 1] = hi
-    row, col = tXcX[0, m, k]  # in pairs: fp16 columns 2 col .. 2 col + 15 (16-aligned)
-    cute.autovec_copy(vals, cute.local_tile(s16[row, None], (2 * ELEMS_PER_COPY,), (col // ELEMS_PER_COPY,)))
-
-
-@cute.jit
-def convert_chunks(tXs8, tXcX, s16, fmt: cutlass.Constexpr, rolled: cutlass.Constexpr):
+def convert_chunks(tXs8, tXcX, s16, fmt: cutlass.Constexpr):
     """This thread's chunks of one landed fp8 stage (tXs8: its cp.async partition of the pair
-    view, tXcX: the pair coordinates) -> the same rows and columns of the fp16 tile s16. rolled:
-    a loop over rows instead of straight-line code (unrolled, the conversions' registers spill
-    next to a D 256 accumulator of 32 or 64 rows)."""
-    if cutlass.const_expr(rolled):
-        for m in cutlass.range(cute.size(tXs8, mode=[1]), unroll=1):
-            for k in cutlass.range_constexpr(cute.size(tXs8, mode=[2])):
-                _convert_chunk(tXs8, tXcX, s16, fmt, m, k)
-    else:
-        for m in cutlass.range_constexpr(cute.size(tXs8, mode=[1])):
-            for k in cutlass.range_constexpr(cute.size(tXs8, mode=[2])):
-                _convert_chunk(tXs8, tXcX, s16, fmt, m, k)
+    view, tXcX: the pair coordinates) -> the same rows and columns of the fp16 tile s16. A rolled
+    loop over rows: unrolled, the conversions' registers spilled next to D 256's accumulator."""
+    for m in cutlass.range(cute.size(tXs8, mode=[1]), unroll=1):
+        for k in cutlass.range_constexpr(cute.size(tXs8, mode=[2])):
+            pairs = cute.make_rmem_tensor(cute.make_layout(ELEMS_PER_COPY), Float16)
+            cute.autovec_copy(tXs8[None, m, k], pairs)
+            vals = cute.make_rmem_tensor(cute.make_layout(2 * ELEMS_PER_COPY), Float16)
+            for i in cutlass.range_constexpr(ELEMS_PER_COPY):
+                lo, hi = pair_to_f16x2(pairs[i], fmt)
+                vals[2 * i] = lo
+                vals[2 * i + 1] = hi
+            row, col = tXcX[0, m, k]  # in pairs: fp16 columns 2 col .. 2 col + 15 (16-aligned)
+            cute.autovec_copy(vals, cute.local_tile(s16[row, None], (2 * ELEMS_PER_COPY,), (col // ELEMS_PER_COPY,)))
 
 
 @cute.jit

@@ -237,9 +237,8 @@ class SplitKernel:
                 sKt = sKc
                 sVt = sVc
                 if cutlass.const_expr(F8):  # this thread's own chunks of tile t -> the fp16 tile
-                    rolled = D == 256 and BM > 16
-                    convert_chunks(tKsK[None, None, None, stage], tKcK, sKc, F8, rolled)
-                    convert_chunks(tVsV[None, None, None, stage], tKcK, sVc, F8, rolled)
+                    convert_chunks(tKsK[None, None, None, stage], tKcK, sKc, F8)
+                    convert_chunks(tVsV[None, None, None, stage], tKcK, sVc, F8)
                     cute.arch.barrier()
                 else:
                     sKt = sK[None, None, stage]
