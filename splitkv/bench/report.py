@@ -10,6 +10,7 @@ import datetime
 import importlib.metadata
 import json
 import math
+import os
 import platform
 import re
 import subprocess
@@ -122,8 +123,10 @@ def collect_meta(device: torch.device, argv: list[str], sol_tbps: float | None) 
         "python": platform.python_version(), "torch": torch.__version__, "triton": _version("triton"),
         "cutlass": _version("nvidia-cutlass-dsl"), "flashinfer": _version("flashinfer-python"),
         "flash_attn": _version("flash-attn"), "splitkv": __version__,
-        "git_commit": _run(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "--short",
-                            "HEAD"]),
+        # SPLITKV_TREE names the tree where the copy that runs has no git history of its own (a
+        # device machine: what git finds there may be another checkout's)
+        "git_commit": os.environ.get("SPLITKV_TREE") or _run(["git", "-C", str(Path(__file__).resolve().parents[2]),
+                                                              "rev-parse", "--short", "HEAD"]),
         "sol_tbps": sol_tbps, "command": "python -m splitkv bench " + " ".join(argv),
         "timing": ("eager: median of L2-flushed reps (do_bench method); splitkv-<backend> rows reuse a "
                    "plan made outside the timed region, splitkv-<backend>-noplan rows call decode(q, k, v, "
