@@ -18,20 +18,6 @@ import torch
 from . import backends
 
 
-def _merge_torch(o: torch.Tensor, lse: torch.Tensor, o_n: torch.Tensor, lse_n: torch.Tensor):
-    """fp32 merge of state (o [B, T, H, D], lse [B, H, T]) with (o_n, lse_n); old lse +-inf = empty."""
-    lse_a = lse.transpose(1, 2)[..., None]  # [B, T, H, 1]
-    lse_b = lse_n.transpose(1, 2)[..., None]
-    empty = torch.isinf(lse_a)
-    lse_a = torch.where(empty, float("-inf"), lse_a)
-    m = torch.maximum(lse_a, lse_b)  # NaN propagates
-    w_a = torch.where(empty, 0.0, torch.exp(lse_a - m))
-    w_b = torch.exp(lse_b - m)
-    o_a = torch.where(w_a != 0.0, o.float(), 0.0)
-    total = w_a + w_b
-    return (w_a * o_a + w_b * o_n) / total, (m + torch.log(total))[..., 0].transpose(1, 2)
-
-
 def _new_state_torch(q, new_k, new_v, scale: float, causal: bool):
     """(o_n [B, T, H, D] fp32, lse_n [B, H, T]) of the queries over the step's own keys."""
     B, T, H, D = q.shape
@@ -81,8 +67,12 @@ def attend_new_keys(o: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, new_k: 
                scale, causal)
         return out, lse_out
     o_n, lse_n = _new_state_torch(q, new_k, new_v, scale, causal)
-    o_m, lse_m = _merge_torch(o, lse.float(), o_n, lse_n)
-    return o_m.to(o.dtype), lse_m
+    out = torch.empty_like(o, memory_format=torch.contiguous_format)
+    lse_out = torch.empty((B, H, T), dtype=torch.float32, device=o.device)
+    # the torch backend's split merge over the two states (fp32 partials [2, B, Hq, Sq, D])
+    backends.get("torch").merge(torch.stack((o.float(), o_n)).transpose(2, 3), torch.stack((lse.float(), lse_n)),
+                                torch.full((B,), 2, dtype=torch.int32, device=o.device), out, lse_out)
+    return out, lse_out
 
 
 __all__ = ["attend_new_keys"]

@@ -50,16 +50,16 @@ class KVRows:
     @staticmethod
     def create(paged: bool, dtype, head_dim: int, k_addr, v_addr, k_strides, v_strides, kvh, b, bt_addr,
                bt_stride, page_size, elem_bytes: int = 2):
-        nbytes = elem_bytes
         if paged:
             return KVRows(True, dtype, head_dim, elem_bytes,
-                          k_addr + Int64(kvh) * k_strides[2] * nbytes, v_addr + Int64(kvh) * v_strides[2] * nbytes,
+                          k_addr + Int64(kvh) * k_strides[2] * elem_bytes,
+                          v_addr + Int64(kvh) * v_strides[2] * elem_bytes,
                           k_strides[0], k_strides[1], v_strides[0], v_strides[1],
                           gmem_vec(Int32, bt_addr + Int64(b) * bt_stride * 4, 1 << 30, 4),
                           cute.FastDivmodDivisor(page_size))
         return KVRows(False, dtype, head_dim, elem_bytes,
-                      k_addr + (Int64(b) * k_strides[0] + Int64(kvh) * k_strides[2]) * nbytes,
-                      v_addr + (Int64(b) * v_strides[0] + Int64(kvh) * v_strides[2]) * nbytes,
+                      k_addr + (Int64(b) * k_strides[0] + Int64(kvh) * k_strides[2]) * elem_bytes,
+                      v_addr + (Int64(b) * v_strides[0] + Int64(kvh) * v_strides[2]) * elem_bytes,
                       k_strides[0], k_strides[1], v_strides[0], v_strides[1], None, None)
 
     @cute.jit
@@ -78,8 +78,9 @@ class KVRows:
             page_idx, in_page = divmod(n, self.page_div)
             if const_expr(page is None):
                 page = self.table[page_idx]
-            k_off = Int64(page) * self.k_sb + Int64(in_page) * self.k_sn
-            v_off = page * self.v_sb + Int64(in_page) * self.v_sn
+            page64 = Int64(page)  # page * page stride can pass 2^31
+            k_off = page64 * self.k_sb + Int64(in_page) * self.k_sn
+            v_off = page64 * self.v_sb + Int64(in_page) * self.v_sn
         else:
             k_off = Int64(n) * self.k_sn
             v_off = Int64(n) * self.v_sn
