@@ -97,6 +97,9 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     if B == 0:
         return
     paged = block_table is not None
+    if variant.fp8 is not None and (v_cache.data_ptr() | v_cache.stride(0) | v_cache.stride(1) | v_cache.stride(2)) & 3:
+        raise ValueError("v_cache: the Triton kernel reads fp8 V rows as 4-byte words: its data pointer and strides "
+                         f"must be multiples of 4 bytes, got strides {tuple(v_cache.stride())}")
     bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
     parts = o_part is not None
     op = o_part if parts else out  # never written when no request splits (num_splits == 1)
@@ -113,7 +116,9 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                 | out.data_ptr() | lse.data_ptr() | tensors[13].data_ptr() | tensors[14].data_ptr()
                 | tensors[15].data_ptr() | tensors[16].data_ptr()) & 15) == 0
     groups = plan.num_kv_heads * plan.m_tiles
-    grid = (groups, plan.work_items) if plan.work is not None else (plan.max_splits, B * groups)
+    # (request, head, m-tile) on x, split on y: CTAs dispatch in x-fastest order, so every working split
+    # comes before the empty ones and spreads over the SMs (NOTES #33); gridDim.y stops at 65535
+    grid = (groups, plan.work_items) if plan.work is not None else (B * groups, plan.max_splits)
 
     def build():
         tile = plan.tile
