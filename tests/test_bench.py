@@ -448,6 +448,10 @@ def test_tile_sweep_forces_each_tile_and_reports_it(tmp_path, monkeypatch):
     assert row["sweep"] == "tiles" and [c["tile"] for c in row["curve"]] == ["32x2x2", "128x8x4"]
     text = md.read_text()
     assert "## Tile sweep" in text and "--sweep-tiles 32x2x2,128x8x4" in text
+    launched.clear()  # an fp8 row: the plans and decodes of the sweep carry the cache's scales
+    assert cli.main(["--quick", "--device", "cpu", "--no-progress", "--providers", "splitkv-torch", "--shapes",
+                     "*-fp8e4m3", "--sweep-tiles", "32x2x2", "--sweep-only", "--reps", "1"]) == 0
+    assert [t[:2] for t in launched[1:]] == [(32, 2)]  # (a paged row: the rule adds stages)
     with pytest.raises(SystemExit, match="--sweep-tiles"):
         cli.main(["--quick", "--device", "cpu", "--no-progress", "--providers", "splitkv-torch",
                   "--sweep-tiles", "64x4", "--sweep-only"])

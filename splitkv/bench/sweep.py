@@ -82,7 +82,8 @@ class _Timer:
     def plan(self, n=None):
         s = self.shape
         p = splitkv.plan(self.case.base.cache_seqlens, s.num_q_heads, s.num_kv_heads, s.head_dim, q_len=s.q_len,
-                         num_splits=n, max_seqlen=self.bound, backend=self.backend, paged=s.paged)
+                         num_splits=n, max_seqlen=self.bound, backend=self.backend, paged=s.paged,
+                         kv_dtype=self.case.base.k_cache.dtype, **self.case.call_kwargs)
         if self.bound is not None:
             p.refresh(self.case.base.cache_seqlens)  # once per step, before the replays
         return p
@@ -90,7 +91,8 @@ class _Timer:
     def time(self, p) -> float:
         s, backend = self.shape, self.backend
         fns = [lambda ts=ts: splitkv.decode(ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens,
-                                            block_table=ts.block_table, causal=s.causal, plan=p, backend=backend)
+                                            block_table=ts.block_table, causal=s.causal, plan=p, backend=backend,
+                                            **self.case.call_kwargs)
                for ts in self.sets]
         if self.graph:
             return time_graph(fns, self.cfg.device, self.cfg.reps)[0]
