@@ -64,13 +64,28 @@ def cutlass_split_smem(head_dim: int, block_m: int, paged: bool, kv_fp8: bool = 
     return block_m * padded * 2 + ring + 1024
 
 
+# Triton, contiguous fp8 caches: the 128-key fp8 tile (72 KB of shared memory, 168 registers per
+# thread at 4 warps) fits three times per SM, and a grid sized for two per SM ran as if the CTAs did
+# not spread evenly over the SMs: H200, graph replay, B=16 GQA 32/8 32K e4m3, the same kernel, 2
+# splits per request (the two-per-SM plan) 423.8 us, 3 (forced) 290.5, 4 307.1; 8 warps (two fit)
+# at 2 splits 358.5 (results/2026-12-03-h200-fp8-triton/). Where a request gets many splits the
+# third CTA costs more than it gives (B=1 GQA 128K: 33 splits 84.7 us, 49 splits 90.1), so the plan
+# aims at three only when the two-per-SM target leaves each request at most FEW_SPLITS splits.
+TRITON_FP8_BLOCKS_PER_SM = 3
+FEW_SPLITS = 4
+
+
 def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m: int = 16,
-                  kv_fp8: bool = False) -> int:
+                  kv_fp8: bool = False, *, batch: int = 1, groups_per_request: int = 1,
+                  num_sms: int = 132) -> int:
     """Resident split blocks per SM the planner aims for, for the backend a plan is made for: no
     more than fit in shared memory. A paged D 256 cutlass tile (137 KB) fits once per SM: sized for
     two, its plan ran a second wave (H200, 2026-12-03, B=1 GQA 32/8 32K paged 16: 78.8 us vs 68.8
-    contiguous; results/2026-12-03-h200-paged/)."""
+    contiguous; results/2026-12-03-h200-paged/). Triton fp8: TRITON_FP8_BLOCKS_PER_SM above."""
     if target != "cutlass":
+        few = num_sms * BLOCKS_PER_SM // max(groups_per_request, 1) <= FEW_SPLITS * batch
+        if kv_fp8 and not paged and head_dim <= 128 and few:
+            return TRITON_FP8_BLOCKS_PER_SM
         return BLOCKS_PER_SM
     want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: a CTA's conversion
     # pass and its MMAs run in series, so a second CTA per SM overlaps them where it fits

@@ -208,7 +208,9 @@ def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, 
     rule = H.split_rule(batch=prob.batch, groups_per_request=prob.num_kv_heads * m_tiles, block_n=tile.block_n,
                         max_seqlen=prob.max_seqlen, num_sms=num_sms,
                         blocks_per_sm=H.blocks_per_sm(backend, prob.page_size is not None, prob.head_dim,
-                                                      tile.block_m, prob.kv_fp8),
+                                                      tile.block_m, prob.kv_fp8, batch=prob.batch,
+                                                      groups_per_request=prob.num_kv_heads * m_tiles,
+                                                      num_sms=num_sms),
                         num_splits=num_splits, batch_invariant=batch_invariant, span_cap=span_cap)
     return tile, m_tiles, rule
 

@@ -97,9 +97,6 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
     if B == 0:
         return
     paged = block_table is not None
-    if variant.fp8 is not None and (v_cache.data_ptr() | v_cache.stride(0) | v_cache.stride(1) | v_cache.stride(2)) & 3:
-        raise ValueError("v_cache: the Triton kernel reads fp8 V rows as 4-byte words: its data pointer and strides "
-                         f"must be multiples of 4 bytes, got strides {tuple(v_cache.stride())}")
     bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
     parts = o_part is not None
     op = o_part if parts else out  # never written when no request splits (num_splits == 1)

@@ -56,49 +56,12 @@ def _tanh(x):
     return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
 
 
-# fp8 V rows -> fp16 in registers, before the tile meets the P @ V dot. Loaded as fp8 and left to
-# Triton, V reached the dot as fp8 bytes read from shared memory one at a time (its dot-operand
-# layout puts two keys, 128 bytes apart, in one register: 132 ld.shared.b8 per thread per tile in
-# the sm_90 PTX) and its cp.async moved 8 bytes each. As 32-bit words (4 values of one row) it is
-# copied 16 bytes at a time, converted here, and reaches the dot as fp16 through ldmatrix.trans.
-# e4m3: cvt.rn.f16x2.e4m3x2 (sm_89+, as Triton's fp8e4nv itself); e5m2 is the top byte of an fp16.
-_E4M3_WORD = tl.constexpr("{ .reg .b16 lo, hi; .reg .b32 a, b; mov.b32 {lo, hi}, $4; cvt.rn.f16x2.e4m3x2 a, lo; "
-              "cvt.rn.f16x2.e4m3x2 b, hi; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }")
-_E5M2_WORD = tl.constexpr("{ .reg .b32 a, b; prmt.b32 a, $4, 0, 0x1404; prmt.b32 b, $4, 0, 0x3424; "
-              "mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }")
-
-
-@triton.jit
-def _load_fp8_words(base, rows, n_ok, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    UPCAST: tl.constexpr):
-    """V rows [BLOCK_N, BLOCK_D] of an fp8 cache as fp16 (fp32 in the interpreter, which converts
-    each byte by Triton's own casts); rows: element offsets, multiples of 4; columns past HEAD_DIM
-    and rows past n_ok are 0."""
-    words = base.to(tl.pointer_type(tl.int32), bitcast=True)
-    w = tl.arange(0, BLOCK_D // 4)
-    x = tl.load(words + (rows // 4)[:, None] + w[None, :], mask=n_ok[:, None] & (w < HEAD_DIM // 4)[None, :],
-                other=0)
-    f8: tl.constexpr = base.dtype.element_ty
-    if UPCAST:
-        o0 = (x & 0xFF).to(tl.uint8).to(f8, bitcast=True).to(tl.float32)
-        o1 = ((x >> 8) & 0xFF).to(tl.uint8).to(f8, bitcast=True).to(tl.float32)
-        o2 = ((x >> 16) & 0xFF).to(tl.uint8).to(f8, bitcast=True).to(tl.float32)
-        o3 = ((x >> 24) & 0xFF).to(tl.uint8).to(f8, bitcast=True).to(tl.float32)
-    elif f8 == tl.float8e5:
-        o0, o1, o2, o3 = tl.inline_asm_elementwise(_E5M2_WORD, "=h,=h,=h,=h,r", [x], dtype=(tl.float16,) * 4,
-                                                   is_pure=True, pack=1)
-    else:
-        o0, o1, o2, o3 = tl.inline_asm_elementwise(_E4M3_WORD, "=h,=h,=h,=h,r", [x], dtype=(tl.float16,) * 4,
-                                                   is_pure=True, pack=1)
-    return tl.reshape(tl.join(tl.join(o0, o2), tl.join(o1, o3)), [BLOCK_N, BLOCK_D])  # column 4w + j: o_j
-
-
 @triton.jit
 def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc, qk_mul, cap_mul, slope,
                  win_left, win_right, s_kb, s_kn, s_vb, s_vn, s_btb,
                  BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                 WINDOW: tl.constexpr, KV_FP8: tl.constexpr, HEAD_DIM: tl.constexpr):
+                 WINDOW: tl.constexpr, KV_FP8: tl.constexpr):
     """One key tile [n0, min(n0 + BLOCK_N, end)) of the online softmax (keys past end are never
     read); returns the updated (m, l, acc). Scores are in base 2 (qk_mul, cap_mul, slope carry LOG2E)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -113,10 +76,7 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
         v_row = b.to(tl.int64) * s_vb + offs_n.to(tl.int64) * s_vn
     kv_ok = n_ok[:, None] & d_ok[None, :]  # columns past the head dim (padded to a power of 2): 0
     k = tl.load(k_head + k_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
-    if KV_FP8:
-        v = _load_fp8_words(v_head, v_row, n_ok, HEAD_DIM, BLOCK_N, d.shape[0], UPCAST)
-    else:
-        v = tl.load(v_head + v_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(v_head + v_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
     if UPCAST or KV_FP8:  # fp8 K/V: converted in registers to q's dtype (fp16; fp32 in the interpreter)
         k = k.to(q.dtype)
         v = v.to(q.dtype)
@@ -260,14 +220,14 @@ def split_kernel(
             m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
                                          qk_mul, cap_mul, slope, win_left, win_right,
                                          s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
-                                         UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8, HEAD_DIM)
+                                         UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
                                          qk_mul, cap_mul, slope, win_left, win_right,
                                          s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
-                                         UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8, HEAD_DIM)
+                                         UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8)
 
     # saw a key: l != 0 (l >= 1 after any finite score). NaN != 0, so a NaN row keeps o = NaN and
     # lse = NaN; only a row with no visible key (l == 0) is o = 0, lse = -inf
