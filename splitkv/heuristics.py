@@ -83,8 +83,8 @@ def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m
     two, its plan ran a second wave (H200, 2026-12-03, B=1 GQA 32/8 32K paged 16: 78.8 us vs 68.8
     contiguous; results/2026-12-03-h200-paged/). Triton fp8: TRITON_FP8_BLOCKS_PER_SM above."""
     if target != "cutlass":
-        few = num_sms * BLOCKS_PER_SM // max(groups_per_request, 1) <= FEW_SPLITS * batch
-        if kv_fp8 and not paged and head_dim <= 128 and few:
+        if kv_fp8 and not paged and head_dim <= 128 and \
+                num_sms * BLOCKS_PER_SM // max(groups_per_request, 1) <= FEW_SPLITS * batch:
             return TRITON_FP8_BLOCKS_PER_SM
         return BLOCKS_PER_SM
     want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: a CTA's conversion

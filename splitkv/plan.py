@@ -205,12 +205,12 @@ def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, 
     rows = prob.qhead_per_kvhead * prob.q_len
     tile = H.tile_config(prob.head_dim, rows, kv_fp8=prob.kv_fp8)  # the split tile: its block_n sizes the rule
     m_tiles = H.query_tiles(rows, tile.block_m)
-    rule = H.split_rule(batch=prob.batch, groups_per_request=prob.num_kv_heads * m_tiles, block_n=tile.block_n,
+    groups = prob.num_kv_heads * m_tiles
+    rule = H.split_rule(batch=prob.batch, groups_per_request=groups, block_n=tile.block_n,
                         max_seqlen=prob.max_seqlen, num_sms=num_sms,
                         blocks_per_sm=H.blocks_per_sm(backend, prob.page_size is not None, prob.head_dim,
                                                       tile.block_m, prob.kv_fp8, batch=prob.batch,
-                                                      groups_per_request=prob.num_kv_heads * m_tiles,
-                                                      num_sms=num_sms),
+                                                      groups_per_request=groups, num_sms=num_sms),
                         num_splits=num_splits, batch_invariant=batch_invariant, span_cap=span_cap)
     return tile, m_tiles, rule
 
