@@ -6,6 +6,7 @@ import datetime
 import os
 import tempfile
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -29,13 +30,22 @@ def _run(world: int, fn, *args, backend_name: str = "gloo", timeout_s: int = 120
 def _run_collect(world: int, fn, *args, backend_name: str = "gloo", timeout_s: int = 120) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init")
-        errs = mp.get_context("spawn").Manager().dict()
-        mp.start_processes(_worker, args=(world, init, errs, fn, args, backend_name, timeout_s), nprocs=world,
-                           start_method="spawn", join=True)
+        manager = mp.get_context("spawn").Manager()
+        errs, finished = manager.dict(), manager.dict()
+        try:
+            mp.start_processes(_worker, args=(world, init, errs, finished, fn, args, backend_name, timeout_s),
+                               nprocs=world, start_method="spawn", join=True)
+        except mp.ProcessExitedException as e:
+            # A rank that died after its fn returned or raised (and reported) died in the process group's
+            # teardown (seen once in CI: gloo's "terminate called without an active exception" at exit);
+            # what the test checks was already decided. A rank that died inside fn fails the test.
+            if set(finished.keys()) != set(range(world)):
+                raise
+            warnings.warn(f"a rank died after finishing its work: {e}", stacklevel=2)
         return dict(errs)
 
 
-def _worker(rank, world, init, errs, fn, args, backend_name, timeout_s):
+def _worker(rank, world, init, errs, finished, fn, args, backend_name, timeout_s):
     if backend_name == "gloo":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     torch.set_num_threads(1)
@@ -45,8 +55,8 @@ def _worker(rank, world, init, errs, fn, args, backend_name, timeout_s):
         fn(rank, world, *args)
     except Exception:  # noqa: BLE001 - reported to the parent
         errs[rank] = f"rank {rank}:\n{traceback.format_exc()}"
-    finally:
-        dist.destroy_process_group()
+    finished[rank] = True
+    dist.destroy_process_group()
 
 
 def _case(seed, B, Sq, Hq, Hkv, Dh, lens):
