@@ -210,7 +210,7 @@ def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, 
                         max_seqlen=prob.max_seqlen, num_sms=num_sms,
                         blocks_per_sm=H.blocks_per_sm(backend, prob.page_size is not None, prob.head_dim,
                                                       tile.block_m, prob.kv_fp8, batch=prob.batch,
-                                                      groups_per_request=groups, num_sms=num_sms),
+                                                      groups_per_request=groups, num_sms=num_sms, rows=rows),
                         num_splits=num_splits, batch_invariant=batch_invariant, span_cap=span_cap)
     return tile, m_tiles, rule
 

@@ -122,20 +122,33 @@ def _split_constexprs(D, rows, paged, causal, splitting, var, whole=False):
                 **var, HAS_WORK=splitting), tile
 
 
+def _compile_split(cx: dict, tile, arch: int, dtype: str = "bf16"):
+    from .split_kernel import split_kernel
+
+    ptr, f32 = f"*{dtype}", "*fp32"
+    sig = {n: "i32" for n in split_kernel.arg_names if n not in cx}
+    sig.update(Q=ptr, K=ptr, V=ptr, SEQLENS="*i32", NSPLITS="*i32", CHUNKS="*i32", WORK="*i32", BT="*i32",
+               O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, COUNTERS="*i32", SINKS_PTR=f32, ALIBI_PTR=f32,
+               KS_PTR=f32, VS_PTR=f32, qk_mul="fp32", cap_mul="fp32", v_mul="fp32")
+    if cx["KV_FP8"]:
+        sig.update(K="*fp8e4nv", V="*fp8e4nv")
+    return _compile(split_kernel, sig, cx, arch, tile.num_warps, H.launch_stages(tile, cx["PAGED"]))
+
+
+def fp8_tile_resources(head_dim: int, rows: int, paged: bool, arch: int = 90) -> dict:
+    """Registers / spills / shared bytes of the fp8 split tile the planner picks for `rows` packed
+    query rows (what heuristics.triton_fp8_fit models)."""
+    cx, tile = _split_constexprs(head_dim, rows, paged, False, True, FP8_PER_HEAD)
+    return _resources(_compile_split(cx, tile, arch), arch)
+
+
 def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> list[dict]:
     from .merge_kernel import merge_kernel
-    from .split_kernel import split_kernel
 
     ptr, f32 = f"*{dtype}", "*fp32"
     rows = []
     for cx, tile in split_variants():
-        sig = {n: "i32" for n in split_kernel.arg_names if n not in cx}
-        sig.update(Q=ptr, K=ptr, V=ptr, SEQLENS="*i32", NSPLITS="*i32", CHUNKS="*i32", WORK="*i32", BT="*i32",
-                   O_PART=f32, LSE_PART=f32, O=ptr, LSE=f32, COUNTERS="*i32", SINKS_PTR=f32, ALIBI_PTR=f32,
-                   KS_PTR=f32, VS_PTR=f32, qk_mul="fp32", cap_mul="fp32", v_mul="fp32")
-        if cx["KV_FP8"]:
-            sig.update(K="*fp8e4nv", V="*fp8e4nv")
-        k = _compile(split_kernel, sig, cx, arch, tile.num_warps, H.launch_stages(tile, cx["PAGED"]))
+        k = _compile_split(cx, tile, arch, dtype)
         rows.append(dict(kernel="split", **{k_: v for k_, v in cx.items() if k_ not in ("UPCAST",)},
                          **_resources(k, arch)))
     for D, sinks in ((64, False), (128, False), (256, False), (80, True), (192, True)):
