@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests, demo, benchmarks; everything lands under $OUT.
-#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|variants|hf|serve|all ...]
+#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|variants|hf|serve|fp8|all ...]
 #   BENCH_ARGS overrides the bench's suite/providers (default: $BENCH_DEFAULT below)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -42,6 +42,14 @@ fi
 if has variants; then  # attention variants and head dims next to plain decode and FlashInfer
   python -m splitkv bench --suite variants --providers splitkv-auto-noplan,splitkv-auto,splitkv-triton,splitkv-cutlass,flashinfer \
     --json "$OUT/variants.json" --markdown "$OUT/variants.md" 2>&1 | tee "$OUT/variants.log" | tail -60
+fi
+if [[ " $what " == *" fp8 "* ]]; then  # not in "all": fp8 KV next to bf16 and FlashInfer, then the split-count
+  # sweep of the B=16 fp8 rows (contiguous and paged 16) that heuristics.blocks_per_sm decides
+  python -m splitkv bench --suite fp8 --providers splitkv-auto,splitkv-triton,flashinfer --no-host --reps 10 \
+    --json "$OUT/fp8.json" --markdown "$OUT/fp8.md" 2>&1 | tee "$OUT/fp8.log" | tail -30
+  python -m splitkv bench --suite fp8 --providers splitkv-triton --num-splits sweep --sweep-range 1:6 --sweep-only \
+    --sweep-shapes "${FP8_SWEEP_SHAPES:-b16-*-fp8e4m3}" --reps 10 --json "$OUT/fp8_splits.json" \
+    --markdown "$OUT/fp8_splits.md" 2>&1 | tee "$OUT/fp8_splits.log" | tail -20
 fi
 if [[ " $what " == *" serve "* ]]; then  # not in "all": the full trace runs for many minutes
   python -m splitkv bench hf-serve --out "$OUT/hf_serve.json" --plot "$OUT" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve.log" | tail -8; fi
