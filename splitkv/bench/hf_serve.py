@@ -174,7 +174,8 @@ def plot(path: Path, rows: list[dict]) -> None:
 def main(argv=None):
     from .hf_step import TINY, add_model_args, build_model, run_meta  # the same random Llama
 
-    ap = argparse.ArgumentParser(prog="python -m splitkv bench hf-serve", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m splitkv bench hf-serve",
+                                 description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--out", required=True, help="JSON path (markdown goes next to it as .md)")
     ap.add_argument("--plot", help="directory for hf_serve.png (tokens/s over time)")
     ap.add_argument("--device", default="cuda")

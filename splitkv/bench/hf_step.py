@@ -189,7 +189,8 @@ def cells(a):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m splitkv bench hf-step", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m splitkv bench hf-step",
+                                 description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--out", required=True, help="JSON path (markdown goes next to it as .md)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", default="1,8,32")
