@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import execute, ops
+from . import execute, ops, validate
 from . import variants as V
 from .plan import DecodePlan
 
@@ -64,6 +64,7 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
                                num_splits, backend, batch_invariant, variant.window_left, variant.window_right,
                                variant.softcap, variant.sinks, variant.alibi_slopes, ks, vs)
         if out is not None:
+            validate.check_out(out, None, None, q)  # eager decode checks it too
             out.copy_(o)
             o = out
         return (o, lse) if return_lse else o

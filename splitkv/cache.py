@@ -79,8 +79,8 @@ def append_torch(k_pool, v_pool, k, v, pages, starts, ntok, cos=None, sin=None, 
     page = torch.gather(pages.long(), 1, col)[valid]
     pos = pos[valid]
     rows = k[valid]
-    if cos is not None:
-        rows = rotate(rows, cos[pos], sin[pos], neox)
+    if cos is not None:  # in fp32, rounded once to the pool's dtype below (as the Triton kernel does)
+        rows = rotate(rows.float(), cos[pos], sin[pos], neox)
     k_pool[page, pos % ps] = quantize(rows.float() if k_scale is not None else rows, k_scale, k_pool.dtype)
     v_pool[page, pos % ps] = quantize(v[valid].float() if v_scale is not None else v[valid], v_scale, v_pool.dtype)
 
@@ -191,7 +191,8 @@ class PagedKVCache:
         if self._scales is None:
             raise ValueError(f"dtype: the cache is {self.dtype}; scales exist for float8 caches only")
         given = self._scales[2 + i]
-        return float(given) if not isinstance(given, torch.Tensor) else self._scales[i][self._check_layer(layer)]
+        layer = self._check_layer(layer)
+        return float(given) if not isinstance(given, torch.Tensor) else self._scales[i][layer]
 
     def _pick_append(self, backend: str):
         # decode's rule (SPLITKV_BACKEND included); the Triton append serves every GPU backend
@@ -228,6 +229,8 @@ class PagedKVCache:
 
     def refcount(self, page: int) -> int:
         """How many sequences hold `page` (0 = free)."""
+        if not isinstance(page, int) or isinstance(page, bool) or not 0 <= page < self.num_pages:
+            raise ValueError(f"page: expected an int in [0, {self.num_pages}), got {page!r}")
         return self._ref[page]
 
     def positions(self, seq_ids: Sequence[int], num_tokens: int, layer: int = 0) -> torch.Tensor:

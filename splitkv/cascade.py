@@ -37,16 +37,22 @@ def _prefix_as_request(prefix_k, prefix_v, prefix_len, prefix_block_table, devic
         if not isinstance(prefix_block_table, torch.Tensor) or prefix_block_table.dim() not in (1, 2) or (
                 prefix_block_table.dim() == 2 and prefix_block_table.shape[0] != 1):
             raise ValueError("prefix_block_table: expected int32 page ids [max_pages] (or [1, max_pages])")
+        if prefix_block_table.dtype != torch.int32:
+            raise TypeError(f"prefix_block_table: expected dtype int32, got {prefix_block_table.dtype}")
         k, v, table = prefix_k, prefix_v, prefix_block_table.reshape(1, -1)
+    capacity = k.shape[1] if table is None else table.shape[1] * k.shape[1]
     if isinstance(prefix_len, torch.Tensor):
         if prefix_len.numel() != 1:
             raise ValueError(f"prefix_len: expected an int or a one-element tensor, got shape "
                              f"{tuple(prefix_len.shape)}")
+        if prefix_len.dtype.is_floating_point or prefix_len.dtype.is_complex or prefix_len.dtype == torch.bool:
+            raise TypeError(f"prefix_len: expected an integer tensor, got dtype {prefix_len.dtype}")
         seqlens = prefix_len.reshape(1).to(device=device, dtype=torch.int32)
-    elif isinstance(prefix_len, int) and not isinstance(prefix_len, bool) and prefix_len >= 0:
+    elif isinstance(prefix_len, int) and not isinstance(prefix_len, bool) and 0 <= prefix_len <= capacity:
         seqlens = torch.tensor([prefix_len], dtype=torch.int32, device=device)
     else:
-        raise ValueError(f"prefix_len: expected an int >= 0 or a one-element int tensor, got {prefix_len!r}")
+        raise ValueError(f"prefix_len: expected an int in [0, {capacity}] (the prefix's capacity) or a one-element "
+                         f"int tensor, got {prefix_len!r}")
     return k, v, seqlens, table
 
 
@@ -64,14 +70,20 @@ def cascade_decode(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_len: in
     suffix_block_table). Equal to decode over each request's concatenated keys; returns o
     [B, Sq, Hq, D] (and lse [B, Hq, Sq] fp32 when return_lse).
     """
-    if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        raise ValueError(f"q: expected a tensor [B, Sq, Hq, D], got {getattr(q, 'shape', type(q).__name__)}")
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q: expected a torch.Tensor [B, Sq, Hq, D], got {type(q).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q: expected a tensor [B, Sq, Hq, D], got shape {tuple(q.shape)}")
     B, Sq, Hq, D = q.shape
-    if not isinstance(prefix_k, torch.Tensor) or prefix_k.shape[-1] != D:
+    if not isinstance(prefix_k, torch.Tensor) or prefix_k.dim() < 3 or prefix_k.shape[-1] != D:
         raise ValueError(f"prefix_k: expected a tensor with head dim {D} (q's) last")
+    if prefix_k.dtype != q.dtype:
+        raise TypeError(f"prefix_k: dtype {prefix_k.dtype} does not match q's dtype {q.dtype}")
     Hkv = prefix_k.shape[-2]
     if Hkv < 1 or Hq % Hkv:
         raise ValueError(f"prefix_k: {Hkv} KV heads do not divide q's {Hq} query heads")
+    if isinstance(suffix_k, torch.Tensor) and suffix_k.dim() == 4 and suffix_k.shape[-2] != Hkv:
+        raise ValueError(f"suffix_k: {suffix_k.shape[-2]} KV heads do not match prefix_k's {Hkv}")
     G = Hq // Hkv
     # a host read: skipped where it would break a traced graph or a CUDA-graph capture
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()

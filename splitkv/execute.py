@@ -168,9 +168,9 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
     own_plan = plan is None
-    # lengths and page ids: read on the host only where that is free (a decode on the CPU that plans
-    # for itself) or asked for (SPLITKV_DEBUG=1); with a plan on a GPU they are the caller's contract
-    if (own_plan and q.device.type == "cpu") or DEBUG:
+    # lengths and page ids: read on the host only where that is free (a decode on the CPU, with or
+    # without a plan) or asked for (SPLITKV_DEBUG=1); on a GPU with a plan they are the caller's contract
+    if q.device.type == "cpu" or DEBUG:
         validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
     if own_plan:
         if not isinstance(batch_invariant, bool):

@@ -313,7 +313,7 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
     a float8 cache, its dtype and the scales the calls will pass (their granularity is what counts).
     """
     validate.check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, num_splits, max_seqlen,
-                             backend, paged, dtype, batch_invariant)
+                             backend, paged, dtype, batch_invariant, num_sms=num_sms, kv_dtype=kv_dtype)
     if max_seqlen is None:
         max_seqlen = max(int(cache_seqlens.max()) if cache_seqlens.numel() else 1, 1)
     prob = validate.Problem(cache_seqlens.shape[0], q_len, num_q_heads, num_kv_heads, head_dim, max_seqlen,

@@ -100,7 +100,12 @@ def decode_reference(
         row_lse = torch.logsumexp(s, dim=-1)  # [Hq, Sq]
         # rows with no key: exp(-inf + inf) = NaN -> 0; NaN scores (NaN in q / k) stay NaN
         p = torch.exp(s - row_lse[..., None]).masked_fill((row_lse == -math.inf)[..., None], 0.0)
-        o[b] = torch.einsum("hqk,khd->qhd", p, v)
+        if bool(hidden.any()):  # per query over its visible keys only: 0 x NaN of a hidden value is NaN
+            for t in range(Sq):
+                seen = ~hidden[t]
+                o[b, t] = torch.einsum("hk,khd->hd", p[:, t, seen], v[seen])
+        else:
+            o[b] = torch.einsum("hqk,khd->qhd", p, v)
         lse[b] = row_lse
     if sinks is not None:  # one more softmax term per row, with no value: o shrinks, lse grows
         sink = sinks.to(dtype)[None, :, None].expand_as(lse)

@@ -124,6 +124,7 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
     _need(q.stride(-1) == 1, ValueError, f"q: head dim (last) must have unit stride, got strides {tuple(q.stride())}")
     Hkv, Dk = k_cache.shape[2], k_cache.shape[3]
     _need(Dk == D, ValueError, f"k_cache: head dim {Dk} does not match q's head dim {D}")
+    _need(Hq >= 1, ValueError, f"q: expected at least one query head (dim 2), got shape {tuple(q.shape)}")
     _need(Hkv >= 1 and Hq % Hkv == 0, ValueError,
           f"q: number of query heads {Hq} must be a multiple of k_cache's KV heads {Hkv}")
     _need(cache_seqlens.dim() == 1 and cache_seqlens.shape[0] == B, ValueError,
@@ -155,7 +156,7 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
 
 
 def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, num_splits, max_seqlen, backend,
-                    paged, dtype, batch_invariant) -> None:
+                    paged, dtype, batch_invariant, *, num_sms=None, kv_dtype=None) -> None:
     """splitkv.plan's arguments, held to the same rules as decode's inputs."""
     _need(isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dim() == 1, ValueError,
           "cache_seqlens: expected a 1-D int32 tensor [B]")
@@ -182,6 +183,15 @@ def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, n
           f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     _need(dtype is None or dtype in LOW_DTYPES + (torch.float32,), TypeError,
           f"dtype: expected None, torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
+    _need(dtype != torch.float32 or backend in ("torch", "auto"), TypeError,
+          f"dtype: torch.float32 runs on the torch backend only, got backend {backend!r}")
+    _need(kv_dtype is None or kv_dtype in FP8_DTYPES
+          or (kv_dtype in LOW_DTYPES + (torch.float32,) and kv_dtype == (dtype or kv_dtype)), TypeError,
+          f"kv_dtype: expected None, the queries' dtype or a float8 dtype {FP8_DTYPES}, got {kv_dtype!r}"
+          f"{f' with dtype {dtype}' if dtype is not None else ''}")
+    if num_sms is not None:
+        _need(isinstance(num_sms, int) and not isinstance(num_sms, bool) and num_sms >= 1, ValueError,
+              f"num_sms: expected None or a positive int, got {num_sms!r}")
 
 
 def check_seqlens_host(lengths: list[int], prob: Problem, block_table, num_pages: int) -> None:

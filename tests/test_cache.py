@@ -259,6 +259,10 @@ def test_bad_inputs():
         (ValueError, "rope.rotary_dim", lambda: c.append([s], x, x, rope=RopeConfig(rotary_dim=8))),
         (ValueError, "max_pages", lambda: c.batch([s], max_pages=1)),
         (ValueError, "sid", lambda: c.free(s + 7)),
+        (ValueError, "page: expected an int in", lambda: c.refcount(-1)),
+        (ValueError, "page: expected an int in", lambda: c.refcount(4)),
+        (ValueError, "layer", lambda: PagedKVCache(4, 2, HKV, D, num_layers=2, dtype=torch.float8_e4m3fn,
+                                                   device="cpu").k_scale(7)),
     ]
     for exc, match, call in cases:
         with pytest.raises(exc, match=match):

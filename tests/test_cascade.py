@@ -109,6 +109,19 @@ def test_cascade_validates_inputs():
         cascade_decode(q, pk, pv[:3], 10, sk, sv, sl, backend="torch")
     with pytest.raises(ValueError, match="prefix_k"):
         cascade_decode(q, pk[..., :32], pv, 10, sk, sv, sl, backend="torch")
+    with pytest.raises(ValueError, match="prefix_len: expected an int in \\[0, 13\\]"):  # past the prefix
+        cascade_decode(q, pk, pv, 14, sk, sv, sl, backend="torch")
+    with pytest.raises(TypeError, match="prefix_len: expected an integer tensor"):
+        cascade_decode(q, pk, pv, torch.tensor([3.7]), sk, sv, sl, backend="torch")
+    with pytest.raises(TypeError, match="prefix_k: dtype"):
+        cascade_decode(q, pk.double(), pv.double(), 10, sk, sv, sl, backend="torch")
+    with pytest.raises(ValueError, match="suffix_k: 1 KV heads do not match prefix_k's 2"):
+        cascade_decode(q, pk, pv, 10, sk[:, :, :1], sv[:, :, :1], sl, backend="torch")
+    with pytest.raises(TypeError, match="q: expected a torch.Tensor"):
+        cascade_decode(None, pk, pv, 10, sk, sv, sl, backend="torch")
+    pool = torch.randn(4, 4, 2, 64)
+    with pytest.raises(TypeError, match="prefix_block_table: expected dtype int32"):
+        cascade_decode(q, pool, pool, 8, sk, sv, sl, prefix_block_table=torch.tensor([0, 1]), backend="torch")
 
 
 @pytest.mark.gpu

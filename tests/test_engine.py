@@ -85,6 +85,32 @@ def test_bad_requests_are_named(model):
         eng.add_request(_prompt(60, 9), 10)
     with pytest.raises(ValueError, match="num_pages"):
         E.Engine(model, num_pages=0)
+    vocab = model.get_input_embeddings().num_embeddings
+    for bad in ([1, 2, vocab], [-1, 2]):  # would fail every later step of the engine, not this call
+        with pytest.raises(ValueError, match=r"input_ids: token ids must be in \[0, "):
+            eng.add_request(bad, 4)
+    for bad in ([1.5, 2.0], torch.tensor([True, False])):
+        with pytest.raises(TypeError, match="input_ids: expected integer token ids"):
+            eng.add_request(bad, 4)
+    with pytest.raises(ValueError, match="temperature"):
+        eng.add_request(_prompt(5, 9), 4, temperature=float("inf"))
+    with pytest.raises(TypeError, match="seed"):
+        eng.add_request(_prompt(5, 9), 4, temperature=1.0, seed="abc")
+    with pytest.raises(ValueError, match="backend"):  # at construction, not at the first decode step
+        E.Engine(model, num_pages=4, backend="nope")
+    assert eng.queued == 0
+
+
+def test_a_failed_step_gives_the_model_its_attention_back(model, monkeypatch):
+    eng = E.Engine(model, num_pages=16, page_size=16, backend="torch")
+    own = model.config._attn_implementation
+    eng.add_request(_prompt(7, 3), 4, eos_token_id=None)
+    eng.step()  # the prefill
+    monkeypatch.setattr(hf, "decode_step", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        eng.step()
+    assert model.config._attn_implementation == own
+    E.Engine(model, num_pages=4)  # the model is usable again
 
 
 def test_decode_only_steps_do_not_switch_attention(model, monkeypatch):
@@ -172,3 +198,17 @@ def test_n_samples_share_the_prompt_pages(model):
         tight.add_request(ids, 8, n=4)
     with pytest.raises(ValueError, match="n:"):
         tight.add_request(ids, 8, n=0)
+
+
+def test_samples_of_a_prompt_shorter_than_a_page_are_not_overcommitted(model):
+    """A 5-token prompt with n = 3 and page 16: the samples' own pages (the copy of the shared
+    partial page) count as claimed from admission on, so a request that would take them waits in
+    the queue instead of failing a running sample's copy on write."""
+    eng = E.Engine(model, num_pages=4, page_size=16, backend="torch")
+    group = eng.add_request(_prompt(5, 21), 4, eos_token_id=None, n=3)  # 3 pages in all
+    eng.step()  # the prefill: one page held, two more claimed
+    late = eng.add_request(_prompt(20, 22), 10, eos_token_id=None)  # 2 pages: must wait
+    assert eng._claimable() == 2 and eng.queued == 1
+    out = eng.run()
+    assert len(out[late]) == 10 and all(len(out[g]) == 3 for g in group)  # + the prefill step's token
+    assert eng.cache.num_free_pages == 4

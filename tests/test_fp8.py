@@ -126,6 +126,23 @@ def _append_round_trip(backend, fp8, device):
         assert (ks == scale) if not isinstance(scale, torch.Tensor) else torch.equal(ks.cpu(), scale[1])
 
 
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_rope_append_of_bf16_keys_rounds_once_into_fp8(fp8):
+    """bf16 K rotated on append: the rotation in fp32 and one rounding to fp8 (the append kernel's
+    rule), not a bf16 rounding of the rotated key first."""
+    from splitkv.rope import RopeConfig, rope_tables, rotate
+
+    c = PagedKVCache(8, 16, 2, 64, dtype=fp8, device="cpu", backend="torch", k_scale=0.5, v_scale=0.5)
+    sid = c.add_sequence()
+    k = (torch.randn(1, 64, 2, 64, generator=torch.Generator().manual_seed(5)) * 4).bfloat16()
+    c.append([sid], k, k, rope=RopeConfig())
+    cos, sin = rope_tables(RopeConfig(), 64, 64, "cpu")
+    big = torch.finfo(fp8).max
+    want = (rotate(k[0].float(), cos, sin, True) / 0.5).clamp(-big, big).to(fp8)
+    got = c.k_pages()[c.pages(sid)].flatten(0, 1)[:64]
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_fp8_cache_decodes_through_its_scales():
     c = PagedKVCache(16, 16, 2, 64, dtype=torch.float8_e4m3fn, device="cpu", k_scale=0.1, v_scale=0.05)
     sid = c.add_sequence()

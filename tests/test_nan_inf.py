@@ -70,6 +70,40 @@ def test_torch_backend_nan_propagates(Sq, num_splits):
     _check(o, lse, q, k, v, sl)
 
 
+@pytest.mark.parametrize("L", [1, 5, 15])
+@pytest.mark.parametrize("Sq", [1, 3])
+def test_torch_backend_nan_propagates_with_few_keys(L, Sq):
+    """ATen's CPU flash kernel, under the torch backend's one-pass path, turns a NaN query into
+    o = 0, lse = 0 below 16 keys (and a NaN key at one key): those passes take the plain math."""
+    for where in ("q", "k"):
+        q, k, v, _ = make_inputs(2, Sq, HQ, HKV, D, [L, L], torch.float32)
+        sl = torch.tensor([L, L], dtype=torch.int32)
+        if where == "q":
+            q[0, -1, 1, 0] = NAN
+        else:
+            k[0, 0, 0, 0] = NAN  # key 0: seen by every query of request 0
+        o, lse = splitkv.decode(q, k, v, sl, return_lse=True, backend="torch")
+        ro, rl = decode_reference(q, k, v, sl)
+        assert torch.equal(torch.isnan(o), torch.isnan(ro)) and torch.equal(torch.isnan(lse), torch.isnan(rl)), where
+        assert torch.isnan(lse[0]).any() and not torch.isnan(o[1]).any()
+        ok = ~torch.isnan(ro)
+        assert (o.double()[ok] - ro[ok]).abs().max() < 1e-5
+
+
+def test_reference_keeps_nan_of_a_hidden_value_away():
+    """A value a query cannot see (after it, causal; outside its window) never reaches its output in
+    the fp64 reference, as in every backend: 0 x NaN would be NaN."""
+    q, k, v, _ = make_inputs(1, 2, HQ, HKV, D, [8], torch.float32)
+    sl = torch.tensor([8], dtype=torch.int32)
+    v[0, 7, 0, 0] = NAN  # the newest key: query 1 sees it, query 0 (position 6) does not
+    ro, _ = decode_reference(q, k, v, sl, causal=True)
+    assert not torch.isnan(ro[0, 0]).any() and torch.isnan(ro[0, 1, :2, 0]).all()
+    o = splitkv.decode(q, k, v, sl, backend="torch")
+    assert torch.equal(torch.isnan(o), torch.isnan(ro))
+    ro, _ = decode_reference(q, k, v, sl, causal=False, window_size=(-1, 0))  # the right window hides it too
+    assert not torch.isnan(ro[0, 0]).any()
+
+
 # 3 splits: the split kernel's fused merge; 9 (> heuristics.FUSED_MERGE_MAX_SPLITS): the
 # merge kernel
 @pytest.mark.parametrize("num_splits", [1, 3, 9])

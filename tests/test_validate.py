@@ -100,16 +100,46 @@ def test_plan_mismatch():
         splitkv.decode(q, k, v, sl, plan=p)
 
 
-def test_debug_mode_checks_lengths_and_page_ids_with_a_plan(monkeypatch):
-    """With a plan, lengths and used page ids are the caller's contract; SPLITKV_DEBUG=1 (read at import) checks them."""
+def test_lengths_and_page_ids_are_checked_on_the_cpu_with_a_plan_too():
+    """On the CPU reading them is free, so a call with a plan checks lengths and used page ids as one
+    without does (on a GPU with a plan they are the caller's contract, checked under SPLITKV_DEBUG=1)."""
     q, k, v, sl = _ok(L=16)
     kp = torch.randn(8, 16, 2, 64, dtype=torch.float16)
-    bt = torch.tensor([[0, 1], [9, 1]], dtype=torch.int32)  # page 9 does not exist
     p = splitkv.plan(sl, 8, 2, 64, paged=True)
     splitkv.decode(q, kp, kp, sl, block_table=torch.tensor([[0, 1], [2, 1]], dtype=torch.int32), plan=p)
+    with pytest.raises(ValueError, match="block_table"):  # page 9 does not exist
+        splitkv.decode(q, kp, kp, sl, block_table=torch.tensor([[0, 1], [9, 1]], dtype=torch.int32), plan=p)
+    pc = splitkv.plan(sl, 8, 2, 64)
+    for bad in ([40, 16], [-1, 16]):  # past Lmax = 16, negative
+        with pytest.raises(ValueError, match="cache_seqlens: entry 0"):
+            splitkv.decode(q, k, v, torch.tensor(bad, dtype=torch.int32), plan=pc)
+
+
+def test_debug_mode_flag_keeps_the_checks(monkeypatch):
+    q, k, v, sl = _ok(L=16)
     monkeypatch.setattr(execute, "DEBUG", True)
-    with pytest.raises(ValueError, match="block_table"):
-        splitkv.decode(q, kp, kp, sl, block_table=bt, plan=p)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        splitkv.decode(q, k, v, torch.tensor([17, 3], dtype=torch.int32), plan=splitkv.plan(sl, 8, 2, 64))
+
+
+def test_no_query_heads():
+    q, k, v, sl = _ok()
+    with pytest.raises(ValueError, match="q: expected at least one query head"):
+        splitkv.decode(q[:, :, :0], k, v, sl)
+
+
+def test_plan_rejects_what_decode_would():
+    sl = torch.tensor([100, 20], dtype=torch.int32)
+    with pytest.raises(TypeError, match="kv_dtype"):
+        splitkv.plan(sl, 8, 2, 64, kv_dtype=torch.int8)
+    with pytest.raises(TypeError, match="kv_dtype"):
+        splitkv.plan(sl, 8, 2, 64, kv_dtype=torch.float16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="dtype: torch.float32 runs on the torch backend"):
+        splitkv.plan(sl, 8, 2, 64, dtype=torch.float32, backend="triton")
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="num_sms"):
+            splitkv.plan(sl, 8, 2, 64, num_sms=bad)
+    assert splitkv.plan(sl, 8, 2, 64, kv_dtype=torch.bfloat16).batch == 2
 
 
 def test_plan_for_another_device():

@@ -197,12 +197,29 @@ def _keys(cache, b, L, block_table):
     return cache.index_select(0, row).flatten(0, 1)[:L]
 
 
+# Below 16 keys ATen's CPU flash kernel turns a NaN query into o = 0, lse = 0 (and a NaN key into the
+# same at one key; torch 2.13, every dtype and row count): such short passes take the plain math.
+_FLASH_MIN_KEYS = 16
+
+
+def _attend_short(q, k, v, out, lse, scale, G):
+    """_attend for fewer than _FLASH_MIN_KEYS keys: scores, softmax and P @ V in fp32 (NaN propagates)."""
+    s = torch.einsum("nqhd,nkhd->nhqk", q.float(), k.float().repeat_interleave(G, dim=2)) * scale
+    row = torch.logsumexp(s, dim=-1)  # [n, Hq, Sq]
+    o = torch.einsum("nhqk,nkhd->nqhd", torch.exp(s - row[..., None]), v.float().repeat_interleave(G, dim=2))
+    out.copy_(o)
+    lse.copy_(row)
+
+
 def _attend(q, k, v, out, lse, scale):
     """One pass of the CPU flash kernel: q [n, Sq, Hq, D], k/v [n, L, Hkv, D] (L >= 1, any strides
     with unit stride on D) -> out [n, Sq, Hq, D] (q's dtype), lse [n, Hq, Sq] (fp32)."""
     n, Sq, Hq, D = q.shape
     Hkv = k.shape[2]
     G = Hq // Hkv
+    if k.shape[1] < _FLASH_MIN_KEYS:
+        _attend_short(q, k, v, out, lse, scale, G)
+        return
     qp = q.reshape(n, Hkv, G, D) if Sq == 1 else q.unflatten(2, (Hkv, G)).permute(0, 2, 3, 1, 4).reshape(
         n, Hkv, G * Sq, D)  # rows (g, t) of each KV head
     o, lse_p = _flash_cpu(qp, k.transpose(1, 2), v.transpose(1, 2), scale=scale)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import validate
 from ..cache import PagedKVCache
 from . import hf
 
@@ -58,6 +59,7 @@ class _Request:
     generator: torch.Generator | None = None  # the request's own random stream (seeded)
     followers: list = field(default_factory=list)  # the other samples of its prompt (add_request n > 1)
     shared: int = 0  # a follower: the prompt's full pages it shares with its leader (not its own)
+    follower: bool = False  # sample i > 0 of an n > 1 request (forked from the first after prefill)
     family: int | None = None  # n > 1 samples: the first sample's id, the same for all of them
 
     def pick(self, logits: torch.Tensor) -> int:
@@ -103,6 +105,7 @@ class Engine:
         self.cache = PagedKVCache(num_pages, page_size, Hkv, D, num_layers=layers, dtype=dtype, device=self.device,
                                   **scales)
         self.prefill_chunk = prefill_chunk
+        validate.check_backend(backend)  # here, not at the first decode step
         self._state = hf.DecodeState(self.cache, [], torch.zeros(0, dtype=torch.long, device=self.device),
                                      hf.decode_backend(backend, model_dtype, self.device))
         hf.use_graphs(model, self._state, cuda_graph)
@@ -131,9 +134,16 @@ class Engine:
         n > 1: n samples of the prompt (ids returned as a list; sample i seeded seed + i), which
         prefill it once and share its pages (PagedKVCache.fork: copy on write of the last,
         partial page)."""
-        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
+        ids = torch.as_tensor(input_ids)
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"input_ids: expected integer token ids, got dtype {ids.dtype}")
         if ids.dim() != 1 or ids.numel() == 0:
             raise ValueError(f"input_ids: expected a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        lo, hi = int(ids.min()), int(ids.max())  # once per request, on its prompt
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"input_ids: token ids must be in [0, {vocab}) (the model's vocabulary), got [{lo}, {hi}]")
+        ids = ids.to(device=self.device, dtype=torch.long)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -150,6 +160,10 @@ class Engine:
             raise ValueError(f"top_k: expected an int >= 0 (0 = no cut), got {top_k!r}")
         if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
             raise ValueError(f"top_p: expected a float in (0, 1], got {top_p!r}")
+        if not math.isfinite(temperature):
+            raise ValueError(f"temperature: expected a finite float >= 0 (0 = greedy), got {temperature!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed: expected None or an int, got {seed!r}")
         eos, _ = hf._eos_pad(self.model, eos_token_id, None)
         group = []
         for i in range(n):
@@ -159,7 +173,8 @@ class Engine:
                 gen.manual_seed(seed + i) if seed is not None else gen.seed()
             group.append(_Request(self._next, ids, max_new_tokens, eos, pages if i == 0 else own,
                                   temperature=float(temperature), top_k=top_k, top_p=float(top_p), generator=gen,
-                                  shared=0 if i == 0 else S // ps, family=self._next - i if n > 1 else None))
+                                  shared=0 if i == 0 else S // ps, follower=i > 0,
+                                  family=self._next - i if n > 1 else None))
             self._next += 1
         group[0].followers = group[1:]
         self._queue.append(group[0])
@@ -181,7 +196,7 @@ class Engine:
         for r in (*(x for lead in self._prefilling for x in (lead, *lead.followers)), *self._active):
             held = 0
             n = self.cache.seq_len(r.sid) if r.sid is not None else 0
-            if n > (r.prompt.numel() if r.shared else 0):  # a fresh fork holds only shared pages
+            if n > (r.prompt.numel() if r.follower else 0):  # a fresh fork holds only shared pages
                 held = math.ceil(n / self.cache.page_size) - r.shared
             claim += r.pages - held
         return claim
@@ -197,7 +212,15 @@ class Engine:
     @torch.no_grad()
     def step(self) -> list[tuple[int, int, bool]]:
         """Admit what fits, prefill one chunk, decode one token for every active request;
-        returns (request id, token, finished) for each token emitted this step."""
+        returns (request id, token, finished) for each token emitted this step. An exception leaves
+        the model with its own attention implementation (the engine's state is not recoverable)."""
+        try:
+            return self._step()
+        except BaseException:
+            hf._set_attention(self.model, self._own)
+            raise
+
+    def _step(self) -> list[tuple[int, int, bool]]:
         self._admit()
         emitted = []
         decoding = list(self._active)  # the requests prefilled before this step

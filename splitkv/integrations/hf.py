@@ -229,11 +229,15 @@ def _prompt_lengths(input_ids, attention_mask):
         raise ValueError(f"input_ids: expected a 2-D tensor [B, S], got "
                          f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
     B, S = input_ids.shape
+    if B == 0 or S == 0:
+        raise ValueError(f"input_ids: expected at least one row and one token, got shape {tuple(input_ids.shape)}")
     if attention_mask is None:
         return torch.full((B,), S, dtype=torch.long, device=input_ids.device)
-    if attention_mask.shape != input_ids.shape:
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask: expected shape {tuple(input_ids.shape)} like input_ids, "
-                         f"got {tuple(attention_mask.shape)}")
+                         f"got {getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError("attention_mask: expected only 0 (padding) and 1 (token) entries")
     n = attention_mask.long().sum(-1)
     left = attention_mask.long().flip(-1).cumprod(-1).sum(-1)  # trailing ones of each row
     if bool((left != n).any()) or bool((n == 0).any()):
@@ -395,9 +399,11 @@ def generate(model, input_ids, max_new_tokens, *, attention_mask=None, eos_token
     an explicit None means none, as in generate. output_logits=True also returns the logits
     [B, new, vocab]. kv_cache_dtype, cuda_graph: see prefill ("fp8_e4m3": an fp8 paged cache;
     cuda_graph: decode steps replayed as CUDA graphs on a GPU)."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     eos, pad = _eos_pad(model, eos_token_id, pad_token_id)
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int)):
+        raise TypeError(f"pad_token_id: expected None or an int token id, got {pad!r}")
     state, logits = prefill(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                             page_size=page_size, backend=backend, num_splits=num_splits,
                             kv_cache_dtype=kv_cache_dtype, cuda_graph=cuda_graph)
