@@ -41,7 +41,7 @@ def bench_parser() -> argparse.ArgumentParser:
                                        "CUDA, torch on CPU)")
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16 (default: bf16)")
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
-    ap.add_argument("--reps", type=int, default=None, help="cap on timed repetitions / graph replays "
+    ap.add_argument("--reps", type=_int_at_least(1), default=None, help="cap on timed repetitions / graph replays "
                                                            "(default 20; 3 for --suite quick)")
     ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
     ap.add_argument("--no-host", action="store_true",
@@ -68,7 +68,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", metavar="PATH", help="write rows + metadata as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="write a markdown report")
     ap.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
-    ap.add_argument("--sol-tbps", type=float, default=None,
+    ap.add_argument("--sol-tbps", type=_positive_float, default=None,
                     help="speed of light, TB/s, for %% of SOL (default: the spec bandwidth of the GPU used, "
                          "e.g. H200 4.8; none on a CPU or an unlisted GPU)")
     ap.add_argument("--wide", action="store_true",
@@ -85,9 +85,9 @@ def heatmap_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True, help="PNG path to write")
     ap.add_argument("--inputs", help="torch.save'd dict with q, k_cache, v_cache, cache_seqlens "
                                      "[, block_table, causal, softmax_scale]; random inputs when omitted")
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seqlen", type=int, default=4096)
-    ap.add_argument("--heads", default="32/8", help="Hq/Hkv")
+    ap.add_argument("--batch", type=_int_at_least(1), default=2)
+    ap.add_argument("--seqlen", type=_int_at_least(0), default=4096)
+    ap.add_argument("--heads", type=_heads, default="32/8", help="Hq/Hkv")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--q-len", type=int, default=1)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
@@ -98,12 +98,58 @@ def heatmap_parser() -> argparse.ArgumentParser:
                     help=f"force N splits; auto: the planner's count. Default: the planner's, or "
                          f"{SHOW_SPLITS} forced (said on stdout) when the planner would split into fewer "
                          f"than {MIN_SHOWN_SPLITS}, which would draw a strip instead of a map")
-    ap.add_argument("--requests", help="comma-separated requests to draw (default: first 4 + flagged)")
-    ap.add_argument("--plant-nan", metavar="REQ:SPLIT",
+    ap.add_argument("--requests", type=_int_list, help="comma-separated requests to draw (default: first 4 + flagged)")
+    ap.add_argument("--plant-nan", metavar="REQ:SPLIT", type=_req_split,
                     help="write a NaN key into that split (demo of the flags)")
-    ap.add_argument("--outlier-nats", type=float, default=OUTLIER_NATS)
+    ap.add_argument("--outlier-nats", type=_positive_float, default=OUTLIER_NATS)
     ap.add_argument("--strict", action="store_true", help="exit 1 when an anomaly is found")
     return ap
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            val = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int >= {lo}, got {text!r}") from None
+        if val < lo:
+            raise argparse.ArgumentTypeError(f"expected an int >= {lo}, got {text!r}")
+        return val
+    return parse
+
+
+def _heads(text: str) -> str:
+    parts = text.split("/")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected Hq/Hkv (two positive ints, e.g. 32/8), got {text!r}")
+    return text
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints >= 0, got {text!r}") from None
+    if any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints >= 0, got {text!r}")
+    return vals
+
+
+def _req_split(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected REQ:SPLIT (two ints >= 0, e.g. 0:3), got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def _positive_float(text: str) -> float:
+    try:
+        val = float(text)
+    except ValueError:
+        val = float("nan")
+    if not 0 < val < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return val
 
 
 def _num_splits(text: str):

@@ -244,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     flt.add_argument("--head-dims", type=_list(int, HEAD_DIMS), help="e.g. 128,256")
     flt.add_argument("--dtypes", type=_list(str, DTYPES), help="e.g. bfloat16")
     flt.add_argument("--heads", type=_heads, help="Hq/Hkv pairs of the model, e.g. 32/8,64/8")
-    flt.add_argument("--group-sizes", type=_list(int), help="Hq/Hkv, e.g. 4,8 (instead of --heads; compile only)")
+    flt.add_argument("--group-sizes", type=_list(int, range(1, 257)),
+                     help="Hq/Hkv, e.g. 4,8 (instead of --heads; compile only)")
     flt.add_argument("--q-lens", type=_list(int, tuple(range(1, 17))),
                    help="query tokens per decode (Sq; > 1 for speculative verify), e.g. 1,4 (default 1)")
     flt.add_argument("--layouts", type=_list(str, ("dense", "paged")), help="KV cache layouts: dense,paged")
@@ -260,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--page-size", type=int, default=16, help="page size of the paged layout")
     w.add_argument("-v", "--verbose", action="store_true", help="progress display")
     args = ap.parse_args(argv)
+    if args.only is not None:
+        try:
+            re.compile(args.only)
+        except re.error as e:
+            ap.error(f"--only: not a regular expression ({e}): {args.only!r}")
+    if not re.fullmatch(r"sm_\d+a?", args.arch):
+        ap.error(f"--arch: expected sm_<NN>[a], e.g. sm_90a, got {args.arch!r}")
     if args.warmup:
         if args.group_sizes:
             ap.error("--warmup needs --heads Hq/Hkv (the kernels specialise on both), not --group-sizes")

@@ -68,15 +68,19 @@ def decode_context_parallel(q: torch.Tensor, local_k: torch.Tensor, local_v: tor
     Returns o [B, Sq, Hq, D] in q's dtype (and lse [B, Hq, Sq] fp32, natural log), equal on every
     rank to a single-process decode over the union of the shards (and the new keys) up to rounding.
     Without torch.distributed initialised it is the single-process decode."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q: expected a tensor [B, Sq, Hq, D], got {getattr(q, 'shape', type(q).__name__)}")
     if (new_k is None) != (new_v is None):
         raise ValueError("new_k/new_v: pass both or neither")
     Sq = q.shape[1]
     if new_k is None and causal and Sq > 1:
         raise ValueError("new_k: a causal decode of Sq > 1 queries needs the step's keys passed as new_k / new_v "
                          "(the cache shards then hold only earlier tokens)")
-    if new_k is not None and (new_k.shape[:2] != q.shape[:2] or new_k.shape != new_v.shape):
-        raise ValueError(f"new_k/new_v: expected [B, Sq, Hkv, D] with B, Sq = {tuple(q.shape[:2])}, got "
-                         f"{tuple(new_k.shape)} / {tuple(new_v.shape)}")
+    kv_heads = local_k.shape[2] if isinstance(local_k, torch.Tensor) and local_k.dim() == 4 else None
+    if new_k is not None and (new_k.dim() != 4 or new_k.shape[:2] != q.shape[:2] or new_k.shape != new_v.shape
+                              or new_k.shape[2:] != (kv_heads, q.shape[3])):
+        raise ValueError(f"new_k/new_v: expected [B, Sq, Hkv, D] = {(*q.shape[:2], kv_heads, q.shape[3])} (the "
+                         f"cache's KV heads), got {tuple(new_k.shape)} / {tuple(new_v.shape)}")
     world, rank = _world(group)
     o, lse = decode(q, local_k, local_v, local_lens, block_table=block_table, causal=causal and new_k is None,
                     softmax_scale=softmax_scale, return_lse=True, backend=backend)
@@ -133,7 +137,8 @@ class ShardedPagedKVCache:
 
     def seq_len(self, sid: int, layer: int = 0) -> int:
         """The sequence's global length (keys over every rank)."""
-        return self._global[sid][layer]
+        self.local._seq(sid, "sid")
+        return self._global[sid][self.local._check_layer(layer)]
 
     def owner(self, position: int | torch.Tensor) -> int | torch.Tensor:
         return owner(position, self.policy, self.world, page_size=self.page_size, shard_tokens=self.shard_tokens)
@@ -141,12 +146,17 @@ class ShardedPagedKVCache:
     def append(self, seq_ids: Sequence[int], k: torch.Tensor, v: torch.Tensor, layer: int = 0, *,
                rope: RopeConfig | None = None, lengths: Sequence[int] | None = None) -> None:
         """Append rows t < lengths[i] (default all T) of k, v [N, T, Hkv, D] to sequence i at its
-        global positions; this rank stores the rows it owns."""
-        ids = list(seq_ids)
+        global positions; this rank stores the rows it owns. Every rank checks the arguments in full
+        before anything changes (a rank that owns none of the rows raises as the others do); a
+        CacheFullError is each rank's own pool, so size the pools for the shards the policy deals."""
+        loc = self.local
+        ids = loc._ids(seq_ids, unique=True)
+        layer = loc._check_layer(layer)
+        loc._lookup(ids)
+        counts = loc._check_kv(k, v, len(ids), lengths)
+        if rope is not None and not isinstance(rope, RopeConfig):
+            raise TypeError(f"rope: expected None or a splitkv.RopeConfig, got {type(rope).__name__}")
         N, T = k.shape[:2]
-        counts = [T] * N if lengths is None else [int(n) for n in lengths]
-        if len(ids) != N or len(counts) != N or any(not 0 <= n <= T for n in counts):
-            raise ValueError(f"seq_ids/lengths: expected {N} sequences with 0 <= length <= {T}")
         starts = [self._global[s][layer] for s in ids]
         if rope is not None:
             pos = torch.tensor(starts, device=k.device)[:, None] + torch.arange(T, device=k.device)
@@ -192,6 +202,13 @@ def cost_model(context: int, world: int, *, batch: int = 1, num_q_heads: int = 3
     ~50 per GPU) + a per-collective latency (latency_us, twice: o and lse). Speedup is against the
     same model at world 1 with no communication. It ignores overlap of the merge with the next
     layer and assumes an even shard (round_robin, or a contiguous shard at full length)."""
+    for name, val in (("context", context), ("world", world), ("batch", batch), ("num_q_heads", num_q_heads),
+                      ("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("q_len", q_len), ("kv_bytes", kv_bytes)):
+        if not isinstance(val, int) or isinstance(val, bool) or val < (0 if name == "context" else 1):
+            raise ValueError(f"{name}: expected a {'non-negative' if name == 'context' else 'positive'} int, got {val!r}")
+    for name, val in (("hbm_tbps", hbm_tbps), ("link_gbps", link_gbps)):
+        if not isinstance(val, (int, float)) or not 0 < val < float("inf"):
+            raise ValueError(f"{name}: expected a finite positive number, got {val!r}")
     kv = 2 * batch * context * num_kv_heads * head_dim * kv_bytes
     local = kv / world / (hbm_tbps * 1e12) * 1e6 + overhead_us
     part = batch * q_len * num_q_heads * (head_dim + 1) * 4
@@ -221,6 +238,9 @@ def plot_cost_model(path: str, *, worlds: Sequence[int] = (2, 4, 8, 16, 32, 64),
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    import os
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -252,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-gbps", type=float, default=450.0, help="all-gather bandwidth per GPU, GB/s")
     ap.add_argument("--overhead", action="store_true", help="measure the world-size-1 overhead on this GPU")
     a = ap.parse_args(argv)
+    if not 0 < a.link_gbps < float("inf"):
+        ap.error(f"--link-gbps: expected a finite positive bandwidth, got {a.link_gbps}")
+    if a.overhead and not torch.cuda.is_available():
+        ap.error("--overhead: measures on a CUDA GPU; none is available here")
     if a.overhead:
         for r in overhead():
             print(f"context {r['context']}: plain decode {r['plain_us']:.1f} us, context-parallel at world 1 "

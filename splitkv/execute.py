@@ -170,7 +170,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     own_plan = plan is None
     # lengths and page ids: read on the host only where that is free (a decode on the CPU, with or
     # without a plan) or asked for (SPLITKV_DEBUG=1); on a GPU with a plan they are the caller's contract
-    if q.device.type == "cpu" or DEBUG:
+    if (q.device.type == "cpu" and not torch.compiler.is_compiling()) or DEBUG:
         validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
     if own_plan:
         if not isinstance(batch_invariant, bool):

@@ -233,10 +233,18 @@ def _random_inputs(args, device):
 
 
 def heatmap_main(argv: list[str] | None = None) -> int:
-    args = heatmap_parser().parse_args(argv)
+    ap = heatmap_parser()
+    args = ap.parse_args(argv)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(auto if args.device == "auto" else args.device)
+    try:
+        device = torch.device(auto if args.device == "auto" else args.device)
+    except RuntimeError as e:
+        ap.error(f"--device: {e}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device: no CUDA GPU is available here")
     if args.inputs:
+        if not os.path.isfile(args.inputs):
+            ap.error(f"--inputs: no such file: {args.inputs}")
         data = torch.load(args.inputs, map_location=device, weights_only=True)
         missing = [k for k in ("q", "k_cache", "v_cache", "cache_seqlens") if k not in data]
         if missing:
@@ -249,12 +257,13 @@ def heatmap_main(argv: list[str] | None = None) -> int:
     causal = bool(data.get("causal", True))
     shape = (seqlens, q.shape[2], k.shape[2], q.shape[3])
     forced = args.num_splits if isinstance(args.num_splits, int) else None
-    p = make_plan(*shape, q_len=q.shape[1], num_splits=forced, backend=args.backend)
+    paged = bt is not None
+    p = make_plan(*shape, q_len=q.shape[1], num_splits=forced, backend=args.backend, paged=paged)
     title = ""
     if args.num_splits is None:
         planned = int(p.num_splits.max())
         if planned < MIN_SHOWN_SPLITS:
-            shown = make_plan(*shape, q_len=q.shape[1], num_splits=SHOW_SPLITS, backend=args.backend)
+            shown = make_plan(*shape, q_len=q.shape[1], num_splits=SHOW_SPLITS, backend=args.backend, paged=paged)
             if int(shown.num_splits.max()) > planned:
                 n = int(shown.num_splits.max())
                 print(f"the planner splits these inputs into {planned} on {device} (a {planned}-row strip); "
@@ -262,11 +271,16 @@ def heatmap_main(argv: list[str] | None = None) -> int:
                       "(--num-splits auto: the planner's count; --num-splits N: N)")
                 title = f"splitkv partial LSE per split ({n} forced; the planner picks {planned} here)"
                 p = shown
+    B = q.shape[0]
     if args.plant_nan:
-        req, split = (int(x) for x in args.plant_nan.split(":"))
+        req, split = args.plant_nan
+        if req >= B:
+            ap.error(f"--plant-nan: request {req} is not in the batch of {B}")
         pos = plant_nan(k, seqlens, bt, p, req, split)
         print(f"planted NaN at request {req}, key {pos} (split {split})")
-    requests = [int(x) for x in args.requests.split(",")] if args.requests else None
+    requests = args.requests
+    if requests and max(requests) >= B:
+        ap.error(f"--requests: request {max(requests)} is not in the batch of {B}")
     rep = lse_heatmap(q, k, v, seqlens, block_table=bt, causal=causal,
                       softmax_scale=data.get("softmax_scale"), plan=p, backend=args.backend,
                       out=args.out, requests=requests, outlier_nats=args.outlier_nats, title=title)

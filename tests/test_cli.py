@@ -183,3 +183,24 @@ def test_heatmap_num_splits_overrides(monkeypatch, tmp_path, capsys):
         rep = _heatmap(monkeypatch, tmp_path, "--num-splits", flag)
         assert int(rep.num_splits.max()) == rows
         assert "forced splits to show" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--reps", "0"], "--reps"), (["--sol-tbps", "-1"], "--sol-tbps"),
+    (["--device", "gpu"], "--device"), (["--device", "meta"], "--device"),
+])
+def test_bench_bad_flags_stop_before_any_timing(argv, text, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--suite", "cpu", "--no-progress", *argv])
+    assert text in str(e.value.code) + capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--arch", "garbage"], "--arch"), (["--only", "("], "--only"), (["--group-sizes", "0"], "--group-sizes"),
+])
+def test_compile_bad_flags_are_usage_errors(argv, text, capsys):
+    from splitkv import compile_cli
+
+    with pytest.raises(SystemExit) as e:
+        compile_cli.main(["--backend", "cutlass", *argv])
+    assert e.value.code == 2 and text in capsys.readouterr().err

@@ -179,6 +179,47 @@ def test_bad_arguments_are_named():
         D.decode_context_parallel(q, k, v, torch.tensor([10], dtype=torch.int32), new_k=k_new, backend="torch")
 
 
+def test_sharded_cache_and_cp_decode_name_bad_arguments():
+    c = D.ShardedPagedKVCache(10, 16, 2, 64, dtype=F32, device="cpu")
+    s = c.add_sequence()
+    k3 = torch.randn(1, 3, 2, 64)
+    with pytest.raises(ValueError, match="v: shape"):  # k and v of different lengths
+        c.append([s], k3, torch.randn(1, 4, 2, 64))
+    with pytest.raises(ValueError, match="seq_ids: 99"):
+        c.append([99], k3, k3)
+    with pytest.raises(ValueError, match="layer"):
+        c.append([s], k3, k3, layer=5)
+    with pytest.raises(ValueError, match="sid: 1234"):
+        c.seq_len(1234)
+    assert c.seq_len(s) == 0
+    q, lens = torch.randn(1, 1, 8, 64), torch.tensor([10], dtype=torch.int32)
+    k, new = torch.randn(1, 10, 2, 64), torch.randn(1, 1, 4, 64)
+    with pytest.raises(ValueError, match=r"new_k/new_v: expected \[B, Sq, Hkv, D\] = \(1, 1, 2, 64\)"):
+        D.decode_context_parallel(q, k, k, lens, new_k=new, new_v=new, backend="torch")
+    with pytest.raises(ValueError, match="q: expected a tensor"):
+        D.decode_context_parallel(q[0], k, k, lens, backend="torch")
+    with pytest.raises(ValueError, match="world"):
+        D.cost_model(1000, 0)
+    with pytest.raises(ValueError, match="link_gbps"):
+        D.cost_model(1000, 2, link_gbps=0)
+    with pytest.raises(SystemExit):
+        D.main(["--link-gbps", "0"])
+
+
+def _bad_heads_on_every_rank(rank, world):
+    # 3 tokens, round_robin by page of 16: rank 1 owns none of them, and must still refuse them
+    c = D.ShardedPagedKVCache(8, 16, 2, 64, dtype=F32, device="cpu")
+    s = c.add_sequence()
+    bad = torch.randn(1, 3, 3, 64)
+    with pytest.raises(ValueError, match="k: expected shape"):
+        c.append([s], bad, bad)
+    assert c.seq_len(s) == 0 and c.local.seq_len(s) == 0
+
+
+def test_a_bad_append_is_refused_by_ranks_that_own_none_of_it():
+    _run(2, _bad_heads_on_every_rank)
+
+
 def _one_rank_fails(rank, world):
     q, k, v, _, _ = _case(4, 1, 1, 4, 2, 64, [30])
     lens = torch.tensor([30], dtype=torch.int32)

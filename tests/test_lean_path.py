@@ -123,8 +123,9 @@ def test_strided_seqlens_and_block_table(backend):
 
 # --- batch invariance ------------------------------------------------------------------------------------
 
-def _in_batches(backend, device, dtype):
-    """The same request (one q row, its keys) alone, with 2 and with 16 other requests."""
+def _in_batches(backend, device, dtype, *, narrow_alone=False, **variant):
+    """The same request (one q row, its keys) alone, with 2 and with 16 other requests. narrow_alone:
+    alone, its cache holds only its own keys (another capacity, so another plan bound)."""
     g = torch.Generator().manual_seed(7)
     Hq, Hkv, D, L, Lmax = 8, 2, 64, 3000, 4100
     q0 = torch.randn(1, 1, Hq, D, generator=g).to(dtype)
@@ -140,8 +141,9 @@ def _in_batches(backend, device, dtype):
         perm = list(range(1, B))
         perm.insert(pos, 0)
         lens = torch.tensor([L] + others, dtype=torch.int32)[perm]
-        o = splitkv.decode(q[perm].to(device), k[perm].to(device), v[perm].to(device), lens.to(device),
-                           backend=backend, batch_invariant=True)
+        cap = L + 3 if narrow_alone and B == 1 else Lmax
+        o = splitkv.decode(q[perm].to(device), k[perm][:, :cap].to(device), v[perm][:, :cap].to(device),
+                           lens.to(device), backend=backend, batch_invariant=True, **variant)
         outs.append(o[pos])
     return outs
 
@@ -149,6 +151,24 @@ def _in_batches(backend, device, dtype):
 def test_batch_invariant_torch_backend():
     a, b, c = _in_batches("torch", "cpu", torch.float32)
     assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.parametrize("variant", [dict(softcap=3.0), dict(sinks=torch.linspace(-1, 1, 8)),
+                                     dict(alibi_slopes=torch.linspace(0.01, 0.1, 8)), {}], ids=str)
+def test_batch_invariant_torch_backend_with_variants_and_other_capacities(variant):
+    """Variants run the torch backend's split path: its padded split grid must be the request's own,
+    not the batch's (a request alone in a narrower cache plans fewer splits for the grid)."""
+    a, b, c = _in_batches("torch", "cpu", torch.float32, narrow_alone=True, **variant)
+    assert torch.equal(a, b) and torch.equal(a, c)
+    g = torch.Generator().manual_seed(0)  # a short request next to a long one (the plan's grid: 3 splits)
+    k, v, q = torch.randn(2, 5003, 2, 64, generator=g), torch.randn(2, 5003, 2, 64, generator=g), \
+        torch.randn(2, 1, 4, 64, generator=g)
+    four = {n: t[:4] if isinstance(t, torch.Tensor) else t for n, t in variant.items()}
+    alone = splitkv.decode(q[:1], k[:1, :20], v[:1, :20], torch.tensor([17], dtype=torch.int32),
+                           batch_invariant=True, backend="torch", **four)
+    pair = splitkv.decode(q, k, v, torch.tensor([17, 5000], dtype=torch.int32), batch_invariant=True,
+                          backend="torch", **four)
+    assert torch.equal(alone[0], pair[0])
 
 
 @pytest.mark.gpu

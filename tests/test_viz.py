@@ -89,3 +89,31 @@ def test_heatmap_cli_with_saved_inputs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         torch.save({"q": q}, path)
         viz.heatmap_main(["--out", str(png), "--inputs", str(path), "--device", "cpu"])
+
+
+def test_heatmap_cli_with_a_paged_cache(tmp_path):
+    """--inputs with a block_table (as the README documents): the plan is made for a paged cache."""
+    g = torch.Generator().manual_seed(4)
+    pool = torch.randn(40, 16, 2, 64, generator=g).bfloat16()
+    path = tmp_path / "paged.pt"
+    torch.save({"q": torch.randn(2, 1, 8, 64, generator=g).bfloat16(), "k_cache": pool, "v_cache": pool.clone(),
+                "cache_seqlens": torch.tensor([300, 45], dtype=torch.int32),
+                "block_table": torch.randperm(40, generator=g).reshape(2, 20).int()}, path)
+    png = tmp_path / "p.png"
+    assert viz.heatmap_main(["--out", str(png), "--inputs", str(path), "--device", "cpu"]) == 0
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize("flags", [["--heads", "8"], ["--plant-nan", "x:y"], ["--plant-nan", "5:0"],
+                                   ["--requests", "7"], ["--batch", "0"], ["--inputs", "/no/such.pt"],
+                                   ["--outlier-nats", "nan"]], ids=str)
+def test_heatmap_cli_bad_flags_are_usage_errors(tmp_path, flags, capsys):
+    with pytest.raises(SystemExit) as e:
+        viz.heatmap_main(["--out", str(tmp_path / "x.png"), "--device", "cpu", "--seqlen", "64", "--heads", "4/2",
+                          "--head-dim", "64", *flags])
+    assert e.value.code == 2 and flags[0] in capsys.readouterr().err  # argparse's error, naming the flag
+
+
+def test_heatmap_of_an_empty_cache(tmp_path):
+    assert viz.heatmap_main(["--out", str(tmp_path / "e.png"), "--device", "cpu", "--seqlen", "0", "--heads", "4/2",
+                             "--head-dim", "64"]) == 0

@@ -61,6 +61,8 @@ def _gather(cache, pos, block_table, valid):
     """cache rows at key positions pos [B, S, C] -> [B, S, C, Hkv, D], dense or through the block
     table. Block-table entries past a request's last page may be garbage: never index with them."""
     B = pos.shape[0]
+    if cache.shape[0] == 0 or cache.shape[1] == 0:  # a cache with no slot (Lmax 0, or no page): no key is valid
+        return cache.new_zeros(*pos.shape, *cache.shape[2:])
     if block_table is None:
         return cache[torch.arange(B, device=pos.device)[:, None, None], pos]
     ps = cache.shape[1]
@@ -159,17 +161,21 @@ def _request_plan(max_splits, num_splits, chunk_lens, num_kv_heads, qhead_per_kv
 def run_spec(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
              variant=PLAIN):
     """The spec path: every split of the plan, partials in the workspace when it has one, merge."""
-    if plan.batch_invariant and q.shape[0] > 1:
+    if plan.batch_invariant and (q.shape[0] > 1 or q.device.type == "cpu"):
         # one request at a time: the padded split grid (and so every reduction's shape and order)
         # is then the request's own, whatever else is in the batch
+        # (on the CPU the grid's split count is the request's own too: reading it there is free; the
+        # plan's max_splits depends on the batch, and a different padded shape rounds differently)
+        cpu = q.device.type == "cpu"
         for b in range(q.shape[0]):
-            one = _request_plan(plan.max_splits, plan.num_splits[b:b + 1], plan.chunk_lens[b:b + 1],
+            S = max(1, int(plan.num_splits[b])) if cpu else plan.max_splits
+            one = _request_plan(S, plan.num_splits[b:b + 1], plan.chunk_lens[b:b + 1],
                                 plan.num_kv_heads, plan.qhead_per_kvhead)
             paged = block_table is not None
             run_spec(q[b:b + 1], k_cache if paged else k_cache[b:b + 1], v_cache if paged else v_cache[b:b + 1],
                      cache_seqlens[b:b + 1], block_table[b:b + 1] if paged else None, one,
-                     None if o_part is None else o_part[:, b:b + 1],
-                     None if lse_part is None else lse_part[:, b:b + 1], out[b:b + 1], lse[b:b + 1], scale, causal,
+                     None if o_part is None else o_part[:S, b:b + 1],
+                     None if lse_part is None else lse_part[:S, b:b + 1], out[b:b + 1], lse[b:b + 1], scale, causal,
                      variant)
         return
     o_s, lse_s = run_split(q, k_cache, v_cache, cache_seqlens, block_table, plan, scale, causal, variant)

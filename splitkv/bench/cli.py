@@ -20,7 +20,12 @@ SWEEP_RANGE = {"full": "1:64", "peers": "1:64", "headline": "1:64", "quick": "1:
 def _device(text: str) -> torch.device:
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(text)
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise SystemExit(f"--device: expected auto, cpu, cuda or cuda:N, got {text!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device: expected auto, cpu, cuda or cuda:N, got {text!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device: CUDA is not available on this machine")
     return dev
