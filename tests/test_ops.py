@@ -185,3 +185,16 @@ def test_gpu_reduce_overhead_cuda_graphs_follow_lengths(paged):
         assert torch.equal(torch.isfinite(lse), fin)
         assert (lse.double()[fin] - rl[fin]).abs().max() < 1e-2
     assert counters["inductor"]["cudagraph_skips"] == 0  # the step really ran as a CUDA graph
+
+
+def test_decode_with_a_plan_under_compile_on_the_cpu():
+    """decode(plan=p) inside torch.compile (graph breaks around the plan's launch; the host checks of
+    lengths stay out of the traced graph) equals the eager call, also after the lengths change."""
+    q, k = torch.randn(2, 1, 4, 64), torch.randn(2, 80, 2, 64)
+    v, sl = torch.randn_like(k), torch.tensor([70, 33], dtype=torch.int32)
+    p = splitkv.plan(sl, 4, 2, 64, max_seqlen=80)
+    f = torch.compile(lambda q, k, v, sl: splitkv.decode(q, k, v, sl, plan=p), backend="aot_eager")
+    assert torch.equal(f(q, k, v, sl), splitkv.decode(q, k, v, sl, plan=p))
+    sl2 = torch.tensor([12, 80], dtype=torch.int32)
+    p.refresh(sl2)
+    assert torch.equal(f(q, k, v, sl2), splitkv.decode(q, k, v, sl2, plan=p))
