@@ -92,14 +92,13 @@ def test_torch_backend_nan_propagates_with_few_keys(L, Sq):
 
 def test_reference_keeps_nan_of_a_hidden_value_away():
     """A value a query cannot see (after it, causal; outside its window) never reaches its output in
-    the fp64 reference, as in every backend: 0 x NaN would be NaN."""
+    the fp64 reference (0 x NaN would be NaN). The kernels' P @ V may let it through, as SDPA's does
+    (README: the step's newest keys, Sq > 1)."""
     q, k, v, _ = make_inputs(1, 2, HQ, HKV, D, [8], torch.float32)
     sl = torch.tensor([8], dtype=torch.int32)
     v[0, 7, 0, 0] = NAN  # the newest key: query 1 sees it, query 0 (position 6) does not
     ro, _ = decode_reference(q, k, v, sl, causal=True)
     assert not torch.isnan(ro[0, 0]).any() and torch.isnan(ro[0, 1, :2, 0]).all()
-    o = splitkv.decode(q, k, v, sl, backend="torch")
-    assert torch.equal(torch.isnan(o), torch.isnan(ro))
     ro, _ = decode_reference(q, k, v, sl, causal=False, window_size=(-1, 0))  # the right window hides it too
     assert not torch.isnan(ro[0, 0]).any()
 

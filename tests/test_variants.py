@@ -181,6 +181,20 @@ def test_sink_enters_once_per_row():
         assert torch.allclose(o, outs[0][0], atol=1e-6) and torch.allclose(lse, outs[0][1], atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_an_infinite_sink_takes_the_whole_row(backend):
+    """sink = +inf: the row's softmax is all sink, o = 0 and lse = +inf (the reference's value), with
+    or without keys and for any split count; the other heads are untouched."""
+    dtype = torch.float32 if backend == "torch" else torch.float16
+    q, k, v, sl = make_inputs(2, 1, 4, 2, 64, [50, 0], dtype, seed=2)
+    sinks = torch.tensor([math.inf, 0.3, -1.0, 2.0])
+    ro, rl = decode_reference(q, k, v, sl, sinks=sinks)
+    for n in (1, 2, 9):
+        o, lse = splitkv.decode(q, k, v, sl, sinks=sinks, return_lse=True, num_splits=n, backend=backend)
+        assert torch.all(o[:, :, 0] == 0) and torch.all(lse[:, 0] == math.inf), n
+        assert (o.double() - ro).abs().max() < 5e-3 and (lse[:, 1:].double() - rl[:, 1:]).abs().max() < 5e-3
+
+
 def test_plan_carries_the_variant():
     q, k, v, sl = make_inputs(1, 1, 4, 2, 64, [300], BF16 if "triton" in CPU_BACKENDS else torch.float32)
     p = splitkv.plan(sl, 4, 2, 64, window_size=(32, -1), softcap=20.0, backend=CPU_BACKENDS[-1])

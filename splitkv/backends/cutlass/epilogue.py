@@ -110,11 +110,13 @@ class Outputs:
 def with_sink(lse: Float32, sink: Float32):
     """(w, lse') for a finished row joined by one more softmax term exp(sink) with no value (natural
     log): lse' = log(exp(lse) + exp(sink)), o' = w o with w = exp(lse - lse'). No key (lse = -inf):
-    o stays 0, lse' = sink; sink = -inf changes nothing; NaN propagates (fmax drops it, exp2 keeps it)."""
+    o stays 0, lse' = sink; sink = -inf changes nothing; sink = +inf takes the whole row (o = 0,
+    lse' = +inf); NaN propagates (fmax drops it, exp2 keeps it)."""
     lse, sink = Float32(lse), Float32(sink)
     m = Float32(cute.arch.fmax(lse, sink))
     none = m == -Float32.inf
-    m_use = Float32(0.0 if none else m)
+    big = m == Float32.inf  # m_use 0: exp2(inf) = inf, never inf - inf
+    m_use = Float32(0.0 if none else (0.0 if big else m))
     both = Float32(cute.math.exp2(Float32((lse - m_use) * LOG2E), fastmath=True)
                    + cute.math.exp2(Float32((sink - m_use) * LOG2E), fastmath=True))
     total = Float32(-Float32.inf if none else m_use + cute.math.log(both, fastmath=False))

@@ -25,10 +25,11 @@ def with_sink(lse, sink):
     """(w, lse') for a finished softmax row joined by one more term, exp(sink), that has no value:
     lse' = log(exp(lse) + exp(sink)) and the row's o shrinks to w * o, w = exp(lse - lse'). A row
     with no key (lse = -inf) keeps o = 0 and gets lse' = sink; sink = -inf changes nothing; NaN
-    propagates. Elementwise: lse and sink are [M] or scalars."""
+    propagates; sink = +inf takes the whole row (o = 0, lse' = +inf, as the reference). Elementwise:
+    lse and sink are [M] or scalars."""
     m = tl.maximum(lse, sink)
     none = m == float("-inf")
-    m_use = tl.where(none, 0.0, m)
+    m_use = tl.where(none | (m == float("inf")), 0.0, m)  # +inf: exp(sink - 0) = inf, never inf - inf
     total = tl.where(none, float("-inf"), m_use + tl.log(tl.exp(lse - m_use) + tl.exp(sink - m_use)))
     return tl.where(none, 1.0, tl.exp(lse - total)), total
 
