@@ -8,6 +8,7 @@ Device side: one K and one V pool per layer, [num_pages, page_size, Hkv, D], wri
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -228,10 +229,14 @@ class PagedKVCache:
         return list(self._seq(sid, "sid").pages)
 
     def refcount(self, page: int) -> int:
-        """How many sequences hold `page` (0 = free)."""
-        if not isinstance(page, int) or isinstance(page, bool) or not 0 <= page < self.num_pages:
+        """How many sequences hold `page` (0 = free); any integer (a Python, NumPy or 0-d tensor one)."""
+        try:
+            idx = operator.index(page) if not isinstance(page, bool) else -1
+        except TypeError:
+            idx = -1
+        if not 0 <= idx < self.num_pages:
             raise ValueError(f"page: expected an int in [0, {self.num_pages}), got {page!r}")
-        return self._ref[page]
+        return self._ref[idx]
 
     def positions(self, seq_ids: Sequence[int], num_tokens: int, layer: int = 0) -> torch.Tensor:
         """int64 [N, num_tokens] positions the next num_tokens of each sequence will take in layer
@@ -473,8 +478,10 @@ class PagedKVCache:
 
     @staticmethod
     def _ids(seq_ids, unique: bool = False) -> list:
-        if isinstance(seq_ids, torch.Tensor):
+        if isinstance(seq_ids, torch.Tensor) or hasattr(seq_ids, "tolist"):  # a tensor or a NumPy array
             seq_ids = seq_ids.tolist()
+        elif isinstance(seq_ids, range):
+            seq_ids = list(seq_ids)
         if not isinstance(seq_ids, (list, tuple)):
             raise TypeError(f"seq_ids: expected a list of sequence ids, got {type(seq_ids).__name__}")
         if unique and len(set(seq_ids)) != len(seq_ids):
@@ -497,7 +504,7 @@ class PagedKVCache:
         T = k.shape[1]
         if lengths is None:
             return [T] * n
-        counts = lengths.tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
+        counts = lengths.tolist() if hasattr(lengths, "tolist") else list(lengths)  # tensor / NumPy -> ints
         if len(counts) != n or any(not isinstance(c, int) or not 0 <= c <= T for c in counts):
             raise ValueError(f"lengths: expected {n} ints in [0, T={T}], got {counts}")
         return counts

@@ -88,8 +88,8 @@ def heatmap_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=_int_at_least(1), default=2)
     ap.add_argument("--seqlen", type=_int_at_least(0), default=4096)
     ap.add_argument("--heads", type=_heads, default="32/8", help="Hq/Hkv")
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--q-len", type=int, default=1)
+    ap.add_argument("--head-dim", type=_head_dim, default=128)
+    ap.add_argument("--q-len", type=_q_len, default=1)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
@@ -120,9 +120,25 @@ def _int_at_least(lo: int):
 
 def _heads(text: str) -> str:
     parts = text.split("/")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise argparse.ArgumentTypeError(f"expected Hq/Hkv (two positive ints, e.g. 32/8), got {text!r}")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts) or int(parts[0]) % int(parts[1]):
+        raise argparse.ArgumentTypeError(f"expected Hq/Hkv (positive ints, Hq a multiple of Hkv, e.g. 32/8), "
+                                         f"got {text!r}")
     return text
+
+
+def _head_dim(text: str) -> int:
+    from .constants import HEAD_DIM_RANGE
+
+    lo, hi = HEAD_DIM_RANGE
+    if not text.isdigit() or not lo <= int(text) <= hi or int(text) % 8:
+        raise argparse.ArgumentTypeError(f"expected a multiple of 8 in [{lo}, {hi}], got {text!r}")
+    return int(text)
+
+
+def _q_len(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 16:
+        raise argparse.ArgumentTypeError(f"expected an int in [1, 16] (queries per request), got {text!r}")
+    return int(text)
 
 
 def _int_list(text: str) -> list[int]:

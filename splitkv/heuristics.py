@@ -78,20 +78,33 @@ FEW_SPLITS = 4
 # What the Triton fp8 split tile (tile_config(kv_fp8=True): block_n 128, 4 warps) holds per CTA, from
 # ptxas for sm_90 under Triton 3.6 (the version CI and the GPU run; tests/test_triton_compile.py
 # holds this table to the compiler): registers per thread and shared bytes (contiguous, 3 stages;
-# paged, 5 stages: +1 KB of block-table entries). At head dim 128 ptxas gives 168 registers with 4
-# packed query rows (GQA 32/8 at Sq 1) but 200-204 with 1, 2, 8 or 16 (MHA, GQA 64/8, ...): two fit,
-# and a plan sized for three there would run a second wave. The paged tile at 4 rows also fits three
-# (168 registers, 73 KB); paged plans keep two until that is measured.
-TRITON_FP8_TILE_REGS = {(64, None): 128, (128, 4): 168, (128, None): 208}  # (padded head dim, rows)
+# paged, 5 stages: +1 KB of block-table entries). At head dim 128 ptxas gives 168 registers for GQA
+# group 4 at Sq 1 (GQA 32/8) but 197-204 for every other (group, Sq) tried (1/1, 2/1, 8/1, 16/1,
+# 1/4, 2/2): two fit, and a plan sized for three there would run a second wave. Other Triton
+# versions allocate differently (3.9: 192-205 at every group), so the 168 entry holds for 3.6 only.
+# The paged tile at group 4 also fits three (168 registers, 73 KB); paged plans keep two until that
+# is measured.
+TRITON_FP8_TILE_REGS = {(64, None): 128, (128, (4, 1)): 168, (128, None): 208}  # (padded D, (group, Sq))
 TRITON_FP8_TILE_SMEM = {64: 38 * 1024, 128: 72 * 1024}
 SM90_REGS_PER_SM = 65536
 
 
-def triton_fp8_fit(head_dim: int, rows: int, paged: bool = False) -> int:
+@functools.cache
+def _triton_36() -> bool:
+    try:
+        from importlib.metadata import version
+
+        return version("triton").startswith("3.6.")
+    except Exception:  # not installed (then no Triton plan runs)
+        return False
+
+
+def triton_fp8_fit(head_dim: int, group: int, q_len: int = 1, paged: bool = False) -> int:
     """CTAs of the Triton fp8 split tile that fit on one SM (registers and shared memory), head dim
-    <= 128; `rows` = packed query rows per KV head (qhead_per_kvhead x q_len)."""
+    <= 128, for `group` query heads per KV head and `q_len` queries (TRITON_FP8_TILE_REGS)."""
     d = 64 if head_dim <= 64 else 128
-    regs = TRITON_FP8_TILE_REGS.get((d, rows), TRITON_FP8_TILE_REGS[(d, None)])
+    key = (group, q_len) if _triton_36() else None
+    regs = TRITON_FP8_TILE_REGS.get((d, key), TRITON_FP8_TILE_REGS[(d, None)])
     warp_regs = -(-regs * 32 // 256) * 256  # allocated per warp in 256-register units
     smem = TRITON_FP8_TILE_SMEM[d] + (1024 if paged else 0) + 1024  # + the per-CTA reservation
     return min(SM90_REGS_PER_SM // warp_regs // 4, SM90_SMEM_PER_SM // smem)
@@ -99,16 +112,16 @@ def triton_fp8_fit(head_dim: int, rows: int, paged: bool = False) -> int:
 
 def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m: int = 16,
                   kv_fp8: bool = False, *, batch: int = 1, groups_per_request: int = 1,
-                  num_sms: int = 132, rows: int = 1) -> int:
+                  num_sms: int = 132, group: int = 1, q_len: int = 1) -> int:
     """Resident split blocks per SM the planner aims for, for the backend a plan is made for: no
     more than fit in shared memory. A paged D 256 cutlass tile (137 KB) fits once per SM: sized for
     two, its plan ran a second wave (H200, 2026-12-03, B=1 GQA 32/8 32K paged 16: 78.8 us vs 68.8
-    contiguous; results/2026-12-03-h200-paged/). Triton fp8: TRITON_FP8_BLOCKS_PER_SM above (rows:
-    packed query rows per KV head, which decide the tile's registers)."""
+    contiguous; results/2026-12-03-h200-paged/). Triton fp8: TRITON_FP8_BLOCKS_PER_SM above (group,
+    q_len: query heads per KV head and queries per request, which decide the tile's registers)."""
     if target != "cutlass":
         if kv_fp8 and not paged and head_dim <= 128 and \
                 num_sms * BLOCKS_PER_SM // max(groups_per_request, 1) <= FEW_SPLITS * batch:
-            return max(BLOCKS_PER_SM, min(TRITON_FP8_BLOCKS_PER_SM, triton_fp8_fit(head_dim, rows)))
+            return max(BLOCKS_PER_SM, min(TRITON_FP8_BLOCKS_PER_SM, triton_fp8_fit(head_dim, group, q_len)))
         return BLOCKS_PER_SM
     want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: a CTA's conversion
     # pass and its MMAs run in series, so a second CTA per SM overlaps them where it fits

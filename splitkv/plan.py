@@ -210,7 +210,8 @@ def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, 
                         max_seqlen=prob.max_seqlen, num_sms=num_sms,
                         blocks_per_sm=H.blocks_per_sm(backend, prob.page_size is not None, prob.head_dim,
                                                       tile.block_m, prob.kv_fp8, batch=prob.batch,
-                                                      groups_per_request=groups, num_sms=num_sms, rows=rows),
+                                                      groups_per_request=groups, num_sms=num_sms,
+                                                      group=prob.qhead_per_kvhead, q_len=prob.q_len),
                         num_splits=num_splits, batch_invariant=batch_invariant, span_cap=span_cap)
     return tile, m_tiles, rule
 
@@ -314,6 +315,7 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
     """
     validate.check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, num_splits, max_seqlen,
                              backend, paged, dtype, batch_invariant, num_sms=num_sms, kv_dtype=kv_dtype)
+    num_sms = None if num_sms is None else validate.as_int(num_sms)  # a NumPy int works too
     if max_seqlen is None:
         max_seqlen = max(int(cache_seqlens.max()) if cache_seqlens.numel() else 1, 1)
     prob = validate.Problem(cache_seqlens.shape[0], q_len, num_q_heads, num_kv_heads, head_dim, max_seqlen,

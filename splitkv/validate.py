@@ -8,6 +8,7 @@ plan the lengths may live on the GPU inside a CUDA graph, and reading them would
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +51,17 @@ def head_dim_ok(d) -> bool:
 def _need(cond: bool, exc: type[Exception], msg: str) -> None:
     if not cond:
         raise exc(msg)
+
+
+def as_int(x) -> int:
+    """x as a Python int when it is an integer (Python, NumPy or a 0-d integer tensor; not a bool),
+    else -1 (which every caller's range check refuses)."""
+    if isinstance(x, bool):
+        return -1
+    try:
+        return operator.index(x)
+    except TypeError:
+        return -1
 
 
 def check_backend(backend: str) -> None:
@@ -190,8 +202,7 @@ def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, n
           f"kv_dtype: expected None, the queries' dtype or a float8 dtype {FP8_DTYPES}, got {kv_dtype!r}"
           f"{f' with dtype {dtype}' if dtype is not None else ''}")
     if num_sms is not None:
-        _need(isinstance(num_sms, int) and not isinstance(num_sms, bool) and num_sms >= 1, ValueError,
-              f"num_sms: expected None or a positive int, got {num_sms!r}")
+        _need(as_int(num_sms) >= 1, ValueError, f"num_sms: expected None or a positive int, got {num_sms!r}")
 
 
 def check_seqlens_host(lengths: list[int], prob: Problem, block_table, num_pages: int) -> None:

@@ -276,7 +276,10 @@ def heatmap_main(argv: list[str] | None = None) -> int:
         req, split = args.plant_nan
         if req >= B:
             ap.error(f"--plant-nan: request {req} is not in the batch of {B}")
-        pos = plant_nan(k, seqlens, bt, p, req, split)
+        try:
+            pos = plant_nan(k, seqlens, bt, p, req, split)
+        except ValueError as e:
+            ap.error(f"--plant-nan: {e}")
         print(f"planted NaN at request {req}, key {pos} (split {split})")
     requests = args.requests
     if requests and max(requests) >= B:

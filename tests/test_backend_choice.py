@@ -131,4 +131,5 @@ def test_triton_fp8_plans_aim_at_three_ctas_per_sm_where_requests_get_few_splits
     b4 = torch.full((4,), 32768, dtype=torch.int32)
     assert splitkv.plan(b4, 32, 32, 128, **fp8).num_splits.tolist() == [2] * 4  # 264 // 32 CTAs, not 396
     assert splitkv.plan(b16, 64, 8, 128, **fp8).num_splits.tolist() == [2] * 16
+    assert splitkv.plan(b4, 32, 32, 128, q_len=4, **fp8).num_splits.tolist() == [2] * 4  # MHA, Sq 4: two fit
     assert heuristics.triton_fp8_fit(128, 4) == 3 and heuristics.triton_fp8_fit(128, 1) == 2

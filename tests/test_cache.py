@@ -380,3 +380,18 @@ def test_gpu_append_then_decode_round_trip():
         assert torch.equal(sl.long(), sl_)
         o, lse = splitkv.decode(q, c.k_pages(layer), c.v_pages(layer), sl, block_table=bt, return_lse=True)
         assert_close_to_reference(o, lse, q, kr, vd, sl)
+
+
+def test_integer_arguments_of_any_kind():
+    """Page and sequence ids and lengths from NumPy or torch (as a serving loop holds them) work like
+    Python ints; bools and floats do not."""
+    np = pytest.importorskip("numpy")
+    c = PagedKVCache(8, 2, HKV, D, dtype=torch.float32, device="cpu")
+    ids = [c.add_sequence() for _ in range(2)]
+    c.append(range(2), torch.zeros(2, 3, HKV, D), torch.zeros(2, 3, HKV, D), lengths=np.array([3, 1]))
+    assert [c.seq_len(s) for s in ids] == [3, 1]
+    page = c.pages(ids[0])[0]
+    assert c.refcount(np.int64(page)) == c.refcount(torch.tensor(page)) == c.refcount(page) == 1
+    for bad in (True, 1.0):
+        with pytest.raises(ValueError, match="page"):
+            c.refcount(bad)

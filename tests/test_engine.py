@@ -89,6 +89,8 @@ def test_bad_requests_are_named(model):
     for bad in ([1, 2, vocab], [-1, 2]):  # would fail every later step of the engine, not this call
         with pytest.raises(ValueError, match=r"input_ids: token ids must be in \[0, "):
             eng.add_request(bad, 4)
+    with pytest.raises(ValueError, match="input_ids: expected a non-empty"):
+        eng.add_request([], 4)
     for bad in ([1.5, 2.0], torch.tensor([True, False])):
         with pytest.raises(TypeError, match="input_ids: expected integer token ids"):
             eng.add_request(bad, 4)

@@ -188,8 +188,8 @@ def test_gpu_reduce_overhead_cuda_graphs_follow_lengths(paged):
 
 
 def test_decode_with_a_plan_under_compile_on_the_cpu():
-    """decode(plan=p) inside torch.compile (graph breaks around the plan's launch; the host checks of
-    lengths stay out of the traced graph) equals the eager call, also after the lengths change."""
+    """decode(plan=p) inside torch.compile (it graph-breaks around the plan's launch) equals the eager
+    call, also after the lengths change."""
     q, k = torch.randn(2, 1, 4, 64), torch.randn(2, 80, 2, 64)
     v, sl = torch.randn_like(k), torch.tensor([70, 33], dtype=torch.int32)
     p = splitkv.plan(sl, 4, 2, 64, max_seqlen=80)

@@ -50,14 +50,15 @@ def test_fp8_tile_fit_model_matches_the_compiler():
         pytest.skip(f"heuristics.TRITON_FP8_TILE_REGS is measured with triton 3.6 (installed: {triton.__version__})")
     if find_ptxas(90) is None:
         pytest.skip("no usable ptxas for sm_90")
-    cases = [(64, 4, False), (128, 1, False), (128, 4, False), (128, 8, False), (128, 1, True), (128, 4, True)]
+    cases = [(64, 4, 1, False), (128, 1, 1, False), (128, 4, 1, False), (128, 8, 1, False), (128, 1, 4, False),
+             (128, 2, 2, False), (128, 1, 1, True), (128, 4, 1, True)]  # (head dim, group, Sq, paged)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("import json; from splitkv.backends.triton.aot import fp8_tile_resources; "
             f"print(json.dumps([fp8_tile_resources(*c) for c in {cases!r}]))")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    for (d, rows, paged), r in zip(cases, json.loads(res.stdout.strip().splitlines()[-1])):
+    for (d, group, sq, paged), r in zip(cases, json.loads(res.stdout.strip().splitlines()[-1])):
         warp_regs = -(-r["regs"] * 32 // 256) * 256
         fit = min(H.SM90_REGS_PER_SM // warp_regs // 4, H.SM90_SMEM_PER_SM // (r["smem"] + 1024))
-        assert H.triton_fp8_fit(d, rows, paged) == fit, (d, rows, paged, r)
-        assert r["spill_bytes"] == 0, (d, rows, paged, r)
+        assert H.triton_fp8_fit(d, group, sq, paged) == fit, (d, group, sq, paged, r)
+        assert r["spill_bytes"] == 0, (d, group, sq, paged, r)

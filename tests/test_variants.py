@@ -182,15 +182,16 @@ def test_sink_enters_once_per_row():
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_an_infinite_sink_takes_the_whole_row(backend):
+def test_an_infinite_sink_takes_the_whole_row(backend, device="cpu", D=64):
     """sink = +inf: the row's softmax is all sink, o = 0 and lse = +inf (the reference's value), with
     or without keys and for any split count; the other heads are untouched."""
     dtype = torch.float32 if backend == "torch" else torch.float16
-    q, k, v, sl = make_inputs(2, 1, 4, 2, 64, [50, 0], dtype, seed=2)
-    sinks = torch.tensor([math.inf, 0.3, -1.0, 2.0])
-    ro, rl = decode_reference(q, k, v, sl, sinks=sinks)
+    q, k, v, sl = (t.to(device) for t in make_inputs(2, 1, 4, 2, D, [50, 0], dtype, seed=2))
+    sinks = torch.tensor([math.inf, 0.3, -1.0, 2.0], device=device)
+    ro, rl = decode_reference(q.cpu(), k.cpu(), v.cpu(), sl.cpu(), sinks=sinks.cpu())
     for n in (1, 2, 9):
         o, lse = splitkv.decode(q, k, v, sl, sinks=sinks, return_lse=True, num_splits=n, backend=backend)
+        o, lse = o.cpu(), lse.cpu()
         assert torch.all(o[:, :, 0] == 0) and torch.all(lse[:, 0] == math.inf), n
         assert (o.double() - ro).abs().max() < 5e-3 and (lse[:, 1:].double() - rl[:, 1:]).abs().max() < 5e-3
 
@@ -314,3 +315,9 @@ def test_gpu_variants_real_sizes(backend, case):
         kk, vv, bt = (k, v, None) if not paged else to_paged(k, v, lens, 16)
         o, lse = splitkv.decode(q, kk, vv, sl, block_table=bt, return_lse=True, backend=backend, **kw)
         _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu(), BF16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_an_infinite_sink_takes_the_whole_row(backend):
+    test_an_infinite_sink_takes_the_whole_row(backend, device="cuda", D=128)

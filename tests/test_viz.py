@@ -106,11 +106,12 @@ def test_heatmap_cli_with_a_paged_cache(tmp_path):
 
 @pytest.mark.parametrize("flags", [["--heads", "8"], ["--plant-nan", "x:y"], ["--plant-nan", "5:0"],
                                    ["--requests", "7"], ["--batch", "0"], ["--inputs", "/no/such.pt"],
-                                   ["--outlier-nats", "nan"]], ids=str)
+                                   ["--outlier-nats", "nan"], ["--plant-nan", "0:99"], ["--head-dim", "7"],
+                                   ["--q-len", "0"], ["--heads", "3/2"]], ids=str)
 def test_heatmap_cli_bad_flags_are_usage_errors(tmp_path, flags, capsys):
+    base = ["--out", str(tmp_path / "x.png"), "--device", "cpu", "--seqlen", "64", "--heads", "4/2", "--head-dim", "64"]
     with pytest.raises(SystemExit) as e:
-        viz.heatmap_main(["--out", str(tmp_path / "x.png"), "--device", "cpu", "--seqlen", "64", "--heads", "4/2",
-                          "--head-dim", "64", *flags])
+        viz.heatmap_main(base + flags)  # argparse: the last of a repeated flag wins
     assert e.value.code == 2 and flags[0] in capsys.readouterr().err  # argparse's error, naming the flag
 
 

@@ -135,10 +135,10 @@ class Engine:
         prefill it once and share its pages (PagedKVCache.fork: copy on write of the last,
         partial page)."""
         ids = torch.as_tensor(input_ids)
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise TypeError(f"input_ids: expected integer token ids, got dtype {ids.dtype}")
         if ids.dim() != 1 or ids.numel() == 0:
             raise ValueError(f"input_ids: expected a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"input_ids: expected integer token ids, got dtype {ids.dtype}")
         vocab = self.model.get_input_embeddings().num_embeddings
         lo, hi = int(ids.min()), int(ids.max())  # once per request, on its prompt
         if lo < 0 or hi >= vocab:
@@ -162,8 +162,10 @@ class Engine:
             raise ValueError(f"top_p: expected a float in (0, 1], got {top_p!r}")
         if not math.isfinite(temperature):
             raise ValueError(f"temperature: expected a finite float >= 0 (0 = greedy), got {temperature!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"seed: expected None or an int, got {seed!r}")
+        if seed is not None:
+            if validate.as_int(seed) == -1 and seed != -1:
+                raise TypeError(f"seed: expected None or an int, got {seed!r}")
+            seed = int(seed)
         eos, _ = hf._eos_pad(self.model, eos_token_id, None)
         group = []
         for i in range(n):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import validate
 from ..api import decode
 from ..cache import PagedKVCache
 from ..cascade import group_prefix_decode
@@ -402,8 +403,10 @@ def generate(model, input_ids, max_new_tokens, *, attention_mask=None, eos_token
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     eos, pad = _eos_pad(model, eos_token_id, pad_token_id)
-    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int)):
-        raise TypeError(f"pad_token_id: expected None or an int token id, got {pad!r}")
+    if pad is not None:
+        if isinstance(pad, bool) or (validate.as_int(pad) == -1 and pad != -1):
+            raise TypeError(f"pad_token_id: expected None or an int token id, got {pad!r}")
+        pad = int(pad)
     state, logits = prefill(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                             page_size=page_size, backend=backend, num_splits=num_splits,
                             kv_cache_dtype=kv_cache_dtype, cuda_graph=cuda_graph)

@@ -135,10 +135,12 @@ def _compile_split(cx: dict, tile, arch: int, dtype: str = "bf16"):
     return _compile(split_kernel, sig, cx, arch, tile.num_warps, H.launch_stages(tile, cx["PAGED"]))
 
 
-def fp8_tile_resources(head_dim: int, rows: int, paged: bool, arch: int = 90) -> dict:
-    """Registers / spills / shared bytes of the fp8 split tile the planner picks for `rows` packed
-    query rows (what heuristics.triton_fp8_fit models)."""
-    cx, tile = _split_constexprs(head_dim, rows, paged, False, True, FP8_PER_HEAD)
+def fp8_tile_resources(head_dim: int, group: int, q_len: int, paged: bool, arch: int = 90) -> dict:
+    """Registers / spills / shared bytes of the fp8 split tile the planner picks for `group` query
+    heads per KV head and `q_len` queries, causal when q_len > 1 (what heuristics.triton_fp8_fit
+    models)."""
+    cx, tile = _split_constexprs(head_dim, group * q_len, paged, q_len > 1, True, FP8_PER_HEAD)
+    cx.update(G=group, SQ=q_len)
     return _resources(_compile_split(cx, tile, arch), arch)
 
 
