@@ -121,6 +121,9 @@ def test_triton_fp8_plans_aim_at_three_ctas_per_sm_where_requests_get_few_splits
     fp8 = dict(kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0, num_sms=132, backend="triton")
     b16 = torch.full((16,), 32768, dtype=torch.int32)
     p = splitkv.plan(b16, 32, 8, 128, **fp8)
+    if not heuristics._triton_36():  # the 168-register tile is Triton 3.6's: other versions fit two
+        assert p.rule.target == 33 and p.num_splits.tolist() == [2] * 16 and heuristics.triton_fp8_fit(128, 4) == 2
+        return
     assert p.rule.target == 49 and p.num_splits.tolist() == [3] * 16  # 396 = 3 x 132 CTAs
     assert splitkv.plan(b16, 32, 8, 128, paged=True, **fp8).num_splits.tolist() == [2] * 16
     assert splitkv.plan(b16, 32, 8, 128, num_sms=132, backend="triton").num_splits.tolist() == [2] * 16
