@@ -8,13 +8,12 @@ Device side: one K and one V pool per layer, [num_pages, page_size, Hkv, D], wri
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from . import backends
+from . import backends, validate
 from .rope import RopeConfig, rope_tables, rotate
 from .variants import FP8_DTYPES
 
@@ -230,11 +229,8 @@ class PagedKVCache:
 
     def refcount(self, page: int) -> int:
         """How many sequences hold `page` (0 = free); any integer (a Python, NumPy or 0-d tensor one)."""
-        try:
-            idx = operator.index(page) if not isinstance(page, bool) else -1
-        except TypeError:
-            idx = -1
-        if not 0 <= idx < self.num_pages:
+        idx = validate.as_int(page)
+        if idx is None or not 0 <= idx < self.num_pages:
             raise ValueError(f"page: expected an int in [0, {self.num_pages}), got {page!r}")
         return self._ref[idx]
 

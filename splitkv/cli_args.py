@@ -136,8 +136,10 @@ def _head_dim(text: str) -> int:
 
 
 def _q_len(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 16:
-        raise argparse.ArgumentTypeError(f"expected an int in [1, 16] (queries per request), got {text!r}")
+    from .constants import MAX_Q_LEN
+
+    if not text.isdigit() or not 1 <= int(text) <= MAX_Q_LEN:
+        raise argparse.ArgumentTypeError(f"expected an int in [1, {MAX_Q_LEN}] (queries per request), got {text!r}")
     return int(text)
 
 

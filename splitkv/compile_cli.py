@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
-from .constants import BACKEND_CHOICES, HEAD_DIMS
+from .constants import BACKEND_CHOICES, HEAD_DIMS, MAX_Q_LEN
 from .constants import LOW_DTYPE_NAMES as DTYPES
 
 # SplitConfig's variant flags, and what --warmup passes decode for each (the kernels depend on the
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     flt.add_argument("--heads", type=_heads, help="Hq/Hkv pairs of the model, e.g. 32/8,64/8")
     flt.add_argument("--group-sizes", type=_list(int, range(1, 257)),
                      help="Hq/Hkv, e.g. 4,8 (instead of --heads; compile only)")
-    flt.add_argument("--q-lens", type=_list(int, tuple(range(1, 17))),
+    flt.add_argument("--q-lens", type=_list(int, tuple(range(1, MAX_Q_LEN + 1))),
                    help="query tokens per decode (Sq; > 1 for speculative verify), e.g. 1,4 (default 1)")
     flt.add_argument("--layouts", type=_list(str, ("dense", "paged")), help="KV cache layouts: dense,paged")
     flt.add_argument("--kv-formats", type=_list(str, ("bf16", "e4m3", "e5m2")),

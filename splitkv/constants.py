@@ -15,6 +15,10 @@ def padded_head_dim(head_dim: int) -> int:
     the padding columns are zeros in shared memory and never read from or written to global memory."""
     return -(-head_dim // SMEM_COLS) * SMEM_COLS
 HEAD_DIM_RANGE = (32, 256)  # torch and triton take every multiple of 8 in this range
+# Most query tokens per request (Sq, q_len) decode takes: Sq > 1 is speculative verify (causal
+# drafts). The kernels pack group x Sq rows into m-tiles (heuristics.MAX_BLOCK_M), so this is not a
+# kernel cap; it is the decode range the backends are tested over (Sq 1..16), longer blocks are prefill.
+MAX_Q_LEN = 16
 LOW_DTYPE_NAMES = ("float16", "bfloat16")  # the GPU backends' input dtypes, as torch names them
 
 UNBOUNDED = 1 << 30  # a key count or window reach past any cache: "no bound" (kernels take it as an int)

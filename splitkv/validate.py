@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .constants import BACKEND_CHOICES, HEAD_DIM_RANGE
+from .constants import BACKEND_CHOICES, HEAD_DIM_RANGE, MAX_Q_LEN
 from .variants import FP8_DTYPES
 
 HEAD_DIM_RULE = f"a multiple of 8 in [{HEAD_DIM_RANGE[0]}, {HEAD_DIM_RANGE[1]}]"
-MAX_Q_LEN = 16
 BACKENDS = BACKEND_CHOICES  # what backend= accepts (splitkv.constants)
 LOW_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -53,15 +52,15 @@ def _need(cond: bool, exc: type[Exception], msg: str) -> None:
         raise exc(msg)
 
 
-def as_int(x) -> int:
+def as_int(x) -> int | None:
     """x as a Python int when it is an integer (Python, NumPy or a 0-d integer tensor; not a bool),
-    else -1 (which every caller's range check refuses)."""
+    else None."""
     if isinstance(x, bool):
-        return -1
+        return None
     try:
         return operator.index(x)
     except TypeError:
-        return -1
+        return None
 
 
 def check_backend(backend: str) -> None:
@@ -202,7 +201,8 @@ def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, n
           f"kv_dtype: expected None, the queries' dtype or a float8 dtype {FP8_DTYPES}, got {kv_dtype!r}"
           f"{f' with dtype {dtype}' if dtype is not None else ''}")
     if num_sms is not None:
-        _need(as_int(num_sms) >= 1, ValueError, f"num_sms: expected None or a positive int, got {num_sms!r}")
+        n = as_int(num_sms)
+        _need(n is not None and n >= 1, ValueError, f"num_sms: expected None or a positive int, got {num_sms!r}")
 
 
 def check_seqlens_host(lengths: list[int], prob: Problem, block_table, num_pages: int) -> None:

@@ -96,8 +96,9 @@ def test_bad_requests_are_named(model):
             eng.add_request(bad, 4)
     with pytest.raises(ValueError, match="temperature"):
         eng.add_request(_prompt(5, 9), 4, temperature=float("inf"))
-    with pytest.raises(TypeError, match="seed"):
-        eng.add_request(_prompt(5, 9), 4, temperature=1.0, seed="abc")
+    for bad in ("abc", -1.0, True):  # -1.0: not an int either (as_int's old -1 sentinel let it through)
+        with pytest.raises(TypeError, match="seed"):
+            eng.add_request(_prompt(5, 9), 4, temperature=1.0, seed=bad)
     with pytest.raises(ValueError, match="backend"):  # at construction, not at the first decode step
         E.Engine(model, num_pages=4, backend="nope")
     assert eng.queued == 0

@@ -146,8 +146,9 @@ def test_inputs_are_checked(hf, tf, fp32_case):
         hf.generate(model, ids, 2, attention_mask=mask * 2)
     with pytest.raises(ValueError, match="input_ids: expected at least one row and one token"):
         hf.generate(model, ids[:, :0], 2)
-    with pytest.raises(TypeError, match="pad_token_id"):
-        hf.generate(model, ids, 2, pad_token_id="a")
+    for bad in ("a", -1.0, True):
+        with pytest.raises(TypeError, match="pad_token_id"):
+            hf.generate(model, ids, 2, pad_token_id=bad)
     with pytest.raises(ValueError, match="head dim"):
         hf.generate(_model(tf, head_dim=36), ids, 2)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import splitkv
-from splitkv import execute
+from splitkv import execute, validate
 
 
 def _ok(B=2, Sq=1, Hq=8, Hkv=2, D=64, L=32, dtype=torch.float16):
@@ -136,10 +136,20 @@ def test_plan_rejects_what_decode_would():
         splitkv.plan(sl, 8, 2, 64, kv_dtype=torch.float16, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="dtype: torch.float32 runs on the torch backend"):
         splitkv.plan(sl, 8, 2, 64, dtype=torch.float32, backend="triton")
-    for bad in (0, -1, 2.5):
+    for bad in (0, -1, 2.5, -1.0, True):
         with pytest.raises(ValueError, match="num_sms"):
             splitkv.plan(sl, 8, 2, 64, num_sms=bad)
     assert splitkv.plan(sl, 8, 2, 64, kv_dtype=torch.bfloat16).batch == 2
+
+
+def test_as_int():
+    """An integer (Python, NumPy, 0-d integer tensor) as a Python int; anything else (bools and
+    floats too, -1.0 included) None."""
+    np = pytest.importorskip("numpy")
+    for x in (0, -1, 7, np.int64(-1), np.int32(3), torch.tensor(-1), torch.tensor(5, dtype=torch.int32)):
+        assert type(validate.as_int(x)) is int and validate.as_int(x) == int(x)
+    for x in (True, False, -1.0, 2.5, np.float64(-1.0), torch.tensor(-1.0), torch.tensor([1, 2]), "1", None):
+        assert validate.as_int(x) is None
 
 
 def test_plan_for_another_device():

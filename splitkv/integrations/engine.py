@@ -163,9 +163,9 @@ class Engine:
         if not math.isfinite(temperature):
             raise ValueError(f"temperature: expected a finite float >= 0 (0 = greedy), got {temperature!r}")
         if seed is not None:
-            if validate.as_int(seed) == -1 and seed != -1:
+            if (as_seed := validate.as_int(seed)) is None:
                 raise TypeError(f"seed: expected None or an int, got {seed!r}")
-            seed = int(seed)
+            seed = as_seed
         eos, _ = hf._eos_pad(self.model, eos_token_id, None)
         group = []
         for i in range(n):

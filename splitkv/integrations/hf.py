@@ -404,9 +404,9 @@ def generate(model, input_ids, max_new_tokens, *, attention_mask=None, eos_token
         raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
     eos, pad = _eos_pad(model, eos_token_id, pad_token_id)
     if pad is not None:
-        if isinstance(pad, bool) or (validate.as_int(pad) == -1 and pad != -1):
+        if (as_pad := validate.as_int(pad)) is None:
             raise TypeError(f"pad_token_id: expected None or an int token id, got {pad!r}")
-        pad = int(pad)
+        pad = as_pad
     state, logits = prefill(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                             page_size=page_size, backend=backend, num_splits=num_splits,
                             kv_cache_dtype=kv_cache_dtype, cuda_graph=cuda_graph)
