@@ -64,14 +64,16 @@ def cutlass_split_smem(head_dim: int, block_m: int, paged: bool, kv_fp8: bool = 
     return block_m * padded * 2 + ring + 1024
 
 
-# Triton, contiguous fp8 caches: the 128-key fp8 tile at head dim 128 with 4 packed query rows (72 KB
+# Triton, fp8 caches: the 128-key fp8 tile at head dim 128 with 4 packed query rows (72 KB
 # of shared memory, 168 registers per thread at 4 warps) fits three times per SM, and a grid sized for
 # two per SM ran as if the CTAs did not spread evenly over the SMs: H200, graph replay, B=16 GQA 32/8
 # 32K e4m3, the same kernel, 2 splits per request (the two-per-SM plan) 423.8 us, 3 (forced) 290.5, 4
 # 307.1; 8 warps (two fit) at 2 splits 358.5 (results/2026-12-03-h200-fp8-triton/). Where a request
 # gets many splits the third CTA costs more than it gives (B=1 GQA 128K: 33 splits 84.7 us, 49
 # splits 90.1), so the plan aims at three only when the two-per-SM target leaves each request at most
-# FEW_SPLITS splits, and never at more than fit (triton_fp8_fit).
+# FEW_SPLITS splits, and never at more than fit (triton_fp8_fit). Paged 16 (5-stage tile, 73 KB, 168
+# registers at group 4, three fit): B=16 GQA 32/8 32K e4m3 2 splits (two per SM) 505.0 us, 3 splits
+# 344.0 (results/2026-12-04-h200-fp8-paged/), so paged plans aim at three by the same rule.
 TRITON_FP8_BLOCKS_PER_SM = 3
 FEW_SPLITS = 4
 
@@ -82,8 +84,7 @@ FEW_SPLITS = 4
 # group 4 at Sq 1 (GQA 32/8) but 197-204 for every other (group, Sq) tried (1/1, 2/1, 8/1, 16/1,
 # 1/4, 2/2): two fit, and a plan sized for three there would run a second wave. Other Triton
 # versions allocate differently (3.9: 192-205 at every group), so the 168 entry holds for 3.6 only.
-# The paged tile at group 4 also fits three (168 registers, 73 KB); paged plans keep two until that
-# is measured.
+# The paged tile at group 4 also fits three (168 registers, 73 KB).
 TRITON_FP8_TILE_REGS = {(64, None): 128, (128, (4, 1)): 168, (128, None): 208}  # (padded D, (group, Sq))
 TRITON_FP8_TILE_SMEM = {64: 38 * 1024, 128: 72 * 1024}
 SM90_REGS_PER_SM = 65536
@@ -119,9 +120,9 @@ def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m
     contiguous; results/2026-12-03-h200-paged/). Triton fp8: TRITON_FP8_BLOCKS_PER_SM above (group,
     q_len: query heads per KV head and queries per request, which decide the tile's registers)."""
     if target != "cutlass":
-        if kv_fp8 and not paged and head_dim <= 128 and \
+        if kv_fp8 and head_dim <= 128 and \
                 num_sms * BLOCKS_PER_SM // max(groups_per_request, 1) <= FEW_SPLITS * batch:
-            return max(BLOCKS_PER_SM, min(TRITON_FP8_BLOCKS_PER_SM, triton_fp8_fit(head_dim, group, q_len)))
+            return max(BLOCKS_PER_SM, min(TRITON_FP8_BLOCKS_PER_SM, triton_fp8_fit(head_dim, group, q_len, paged)))
         return BLOCKS_PER_SM
     want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: a CTA's conversion
     # pass and its MMAs run in series, so a second CTA per SM overlaps them where it fits
