@@ -409,3 +409,22 @@ def test_work_list_plan_decodes_ragged_batches(paged):
         o, lse = splitkv.decode(q, kk, vv, sl, block_table=bt, plan=p, return_lse=True)
         assert int(p.num_splits.sum()) > 6  # some request split
         assert_close_to_reference(o, lse, q, kk, vv, sl, block_table=bt, lowp_k=k, lowp_v=v)
+
+
+def test_plan_allocation_thread_is_made_once_per_process():
+    """workspace.outside_graph_pools runs a CUDA plan's allocations on one long-lived helper thread:
+    a thread per plan cost its start and CUDA's per-thread setup on every splitkv.plan()."""
+    import os
+    import threading
+
+    from splitkv import workspace
+
+    first = workspace._helper()
+    idents = {first.submit(threading.get_ident).result() for _ in range(3)}
+    assert workspace._helper() is first and len(idents) == 1 and threading.get_ident() not in idents
+    workspace._HELPER = (os.getpid() + 1, first)  # as a forked child sees its parent's helper
+    try:
+        assert workspace._helper() is not first
+    finally:
+        workspace._HELPER[1].shutdown()
+        workspace._HELPER = (os.getpid(), first)
