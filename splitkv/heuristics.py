@@ -73,7 +73,7 @@ def cutlass_split_smem(head_dim: int, block_m: int, paged: bool, kv_fp8: bool = 
 # splits 90.1), so the plan aims at three only when the two-per-SM target leaves each request at most
 # FEW_SPLITS splits, and never at more than fit (triton_fp8_fit). Paged 16 (5-stage tile, 73 KB, 168
 # registers at group 4, three fit): B=16 GQA 32/8 32K e4m3 2 splits (two per SM) 505.0 us, 3 splits
-# 344.0 (results/2026-12-04-h200-fp8-paged/), so paged plans aim at three by the same rule.
+# 344.0 (results/2026-12-03-h200-fp8-paged/), so paged plans aim at three by the same rule.
 TRITON_FP8_BLOCKS_PER_SM = 3
 FEW_SPLITS = 4
 
