@@ -29,8 +29,12 @@ def outside_graph_pools(make, device: torch.device):
     pool routing is per thread) and the current stream waits for its work (no host sync). Inside a
     capture it runs here: the capture's pool holds the plan, whose initialising kernels the graph
     records. The helper thread lives as long as the process: a new thread per plan paid thread
-    start and CUDA's per-thread setup each time (H200: splitkv.plan() 713-957 us of host time)."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    start and CUDA's per-thread setup each time (H200: splitkv.plan() 713-957 us of host time).
+    On the device's default stream make() runs here too, without the hand-off: cudagraph trees
+    route a thread to their pool only while it runs on their own side stream
+    (torch._inductor.cudagraph_trees._use_cuda_memory_pool_manager)."""
+    if (device.type != "cuda" or torch.cuda.is_current_stream_capturing()
+            or torch.cuda.current_stream(device) == torch.cuda.default_stream(device)):
         return make()
 
     def work():

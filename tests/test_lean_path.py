@@ -428,3 +428,27 @@ def test_plan_allocation_thread_is_made_once_per_process():
     finally:
         workspace._HELPER[1].shutdown()
         workspace._HELPER = (os.getpid(), first)
+
+
+@pytest.mark.gpu
+def test_plans_stay_out_of_a_graph_pool_the_thread_allocates_to():
+    """A plan made while the thread's allocations go to a CUDA-graph pool on a side stream (what
+    torch.compile's cudagraph trees do during warm-up) leaves that pool empty; one made on the
+    default stream allocates in place (workspace.outside_graph_pools)."""
+    dev = torch.cuda.current_device()
+    pool = torch.cuda.graph_pool_handle()
+    side = torch.cuda.Stream()
+    lens = torch.tensor([5000, 40], dtype=torch.int32, device="cuda")
+    with torch.cuda.stream(side):
+        torch._C._cuda_beginAllocateCurrentThreadToPool(dev, pool)
+        try:
+            p = splitkv.plan(lens, 8, 2, 64, backend="triton")
+            assert torch._C._cuda_checkPoolLiveAllocations(dev, pool, set())  # nothing of p in it
+        finally:
+            torch._C._cuda_endAllocateToPool(dev, pool)
+            torch._C._cuda_releasePool(dev, pool)
+    torch.cuda.synchronize()
+    assert p.o_part is not None and p.num_splits.tolist()[0] > 1
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [5000, 40], BF16, DEV)
+    o, lse = splitkv.decode(q, k, v, sl, plan=p, return_lse=True)
+    assert_close_to_reference(o, lse, q, k, v, sl)
