@@ -1,5 +1,6 @@
 """splitkv.decode: the public entry. Eager calls run splitkv.execute (validate -> plan -> schedule
--> launch); under torch.compile a call without a plan goes through the registered custom op."""
+-> launch); under torch.compile every call goes through the registered custom op (one with a plan is
+checked against it and runs its backend and split rule)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,10 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
                          num_kv_heads=k_cache.shape[2] if getattr(k_cache, "dim", lambda: 0)() == 4 else -1)
         if variant.plain:  # e.g. window_size=[-1, -1]: the plain call, lean path included
             variant = V.PLAIN
-    if plan is None and torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
+        if plan is not None:  # the plan's checks, backend and split rule; the op schedules on the device
+            backend, num_splits, batch_invariant = _traced_plan(plan, q, k_cache, block_table, backend, num_splits,
+                                                                batch_invariant, variant)
         ks, vs = variant.k_scale, variant.v_scale
         if variant.fp8 == "tensor":  # the op takes tensors: 0-dim CPU ones (read without a sync)
             ks, vs = torch.tensor(ks, dtype=torch.float32), torch.tensor(vs, dtype=torch.float32)
@@ -72,3 +76,18 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
                                 softmax_scale=softmax_scale, num_splits=num_splits, return_lse=return_lse,
                                 out=out, plan=plan, backend=backend, batch_invariant=batch_invariant,
                                 variant=variant)
+
+
+def _traced_plan(plan, q, k_cache, block_table, backend, num_splits, batch_invariant, variant):
+    """decode(..., plan=p) under torch.compile: the call is checked against p and runs p's backend
+    and split rule (forced count, batch-invariant chunks) through the custom op, which keeps its
+    own workspace per input signature and computes the split table on the device from the lengths,
+    as a call without a plan does (p's own table and workspace are not used)."""
+    if not isinstance(plan, DecodePlan):
+        raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")
+    if num_splits is not None and num_splits != plan.forced:
+        raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
+    if batch_invariant and not plan.batch_invariant:
+        raise ValueError("batch_invariant: pass it to splitkv.plan(...), not together with plan=")
+    plan.check_traced(q, k_cache, block_table, backend, variant)
+    return plan.backend, plan.forced, plan.batch_invariant

@@ -181,6 +181,27 @@ class DecodePlan:
             raise ValueError(f"plan: made for backend {self.backend!r}, but the call asks for {backend!r}; "
                              f"make it with splitkv.plan(..., backend={backend!r})")
 
+    def check_traced(self, q: torch.Tensor, k_cache: torch.Tensor, block_table, backend: str,
+                     variant: Variant) -> None:
+        """check_call for a call traced by torch.compile, from the shapes alone (the compiled call
+        runs the custom op, which validates the rest when it runs)."""
+        if q.dim() != 4 or k_cache.dim() != 4:
+            raise ValueError(f"q / k_cache: expected 4-D tensors, got {q.dim()}-D / {k_cache.dim()}-D")
+        want = (self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len)
+        got = (q.shape[0], q.shape[2], k_cache.shape[2], q.shape[3], q.shape[1])
+        if got != want:
+            raise ValueError(f"plan: made for (B, Hq, Hkv, D, Sq) = {want}, but the inputs have {got}")
+        if self.dtype is not None and q.dtype != self.dtype:
+            raise ValueError(f"plan: made for {self.dtype}, but q is {q.dtype}")
+        if (block_table is not None) != self.paged:
+            what = ("a paged cache (block_table)", "a contiguous cache (no block_table)")
+            raise ValueError(f"plan: made for {what[not self.paged]}, but the call passes {what[self.paged]}; "
+                             f"make it with splitkv.plan(..., paged={block_table is not None})")
+        if backend not in ("auto", self.backend):
+            raise ValueError(f"plan: made for backend {self.backend!r}, but the call asks for {backend!r}; "
+                             f"make it with splitkv.plan(..., backend={backend!r})")
+        self.check_variant(variant)
+
     def check_variant(self, variant: Variant) -> None:
         if variant.key() != self.variant_key:
             names = ("window_left", "window_right", "softcap", "sinks given", "alibi_slopes given", "fp8 scales")

@@ -94,6 +94,33 @@ def test_compile_triton_capacity_plan_follows_lengths():
         assert torch.equal(torch.isfinite(lse), fin) and (lse.double()[fin] - rl[fin]).abs().max() < 1e-2
 
 
+
+def test_compile_with_a_plan_runs_its_rule_and_checks_the_call():
+    """decode(..., plan=p) under torch.compile(fullgraph=True): one graph through the op, p's backend
+    and forced split count run, the result is the eager call's with p; a call p was not made for is
+    refused, naming the mismatch."""
+    torch._dynamo.reset()
+    lens = [300, 1]
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, lens, BF16)
+    kp, vp, bt = to_paged(k, v, lens, 64)
+    p = splitkv.plan(sl, 8, 2, 64, num_splits=3, paged=True, backend="triton")
+    graphs = []
+    f = torch.compile(lambda q, k, v, sl, bt: splitkv.decode(q, k, v, sl, block_table=bt, plan=p, return_lse=True),
+                      fullgraph=True, backend=_graphs_backend(graphs))
+    with splitkv.debug.capture_partials() as recs:
+        o, lse = f(q, kp, vp, sl, bt)
+    assert recs[0].num_splits.tolist() == [3, 3] and recs[0].plan.backend == "triton"
+    assert len(graphs) == 1 and "splitkv.decode.default" in _op_targets(graphs[0])
+    eo, else_ = splitkv.decode(q, kp, vp, sl, block_table=bt, plan=p, return_lse=True)
+    assert torch.equal(o, eo) and torch.equal(lse, else_)
+    g = torch.compile(lambda q, k, v, sl: splitkv.decode(q, k, v, sl, plan=p), backend="aot_eager")
+    with pytest.raises(ValueError, match=r"plan: made for a paged cache \(block_table\), but the call passes a contiguous"):
+        g(q, k, v, sl)
+    h = torch.compile(lambda q, k, v, sl, bt: splitkv.decode(q, k, v, sl, block_table=bt, plan=p, backend="torch"),
+                      backend="aot_eager")
+    with pytest.raises(ValueError, match="plan: made for backend 'triton', but the call asks for 'torch'"):
+        h(q, kp, vp, sl, bt)
+
 def test_compile_paged_scale_and_optional_args():
     torch._dynamo.reset()
     lens = [113, 0, 40]
@@ -188,8 +215,8 @@ def test_gpu_reduce_overhead_cuda_graphs_follow_lengths(paged):
 
 
 def test_decode_with_a_plan_under_compile_on_the_cpu():
-    """decode(plan=p) inside torch.compile (it graph-breaks around the plan's launch) equals the eager
-    call, also after the lengths change."""
+    """decode(plan=p) inside torch.compile (through the op) equals the eager call with p, also after
+    the lengths change."""
     q, k = torch.randn(2, 1, 4, 64), torch.randn(2, 80, 2, 64)
     v, sl = torch.randn_like(k), torch.tensor([70, 33], dtype=torch.int32)
     p = splitkv.plan(sl, 4, 2, 64, max_seqlen=80)
