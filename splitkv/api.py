@@ -85,9 +85,6 @@ def _traced_plan(plan, q, k_cache, block_table, backend, num_splits, batch_invar
     as a call without a plan does (p's own table and workspace are not used)."""
     if not isinstance(plan, DecodePlan):
         raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")
-    if num_splits is not None and num_splits != plan.forced:
-        raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
-    if batch_invariant and not plan.batch_invariant:
-        raise ValueError("batch_invariant: pass it to splitkv.plan(...), not together with plan=")
+    plan.check_options(num_splits, batch_invariant)
     plan.check_traced(q, k_cache, block_table, backend, variant)
     return plan.backend, plan.forced, plan.batch_invariant

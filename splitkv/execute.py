@@ -181,10 +181,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     else:
         if not isinstance(plan, DecodePlan):
             raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")
-        if num_splits is not None and num_splits != plan.forced:
-            raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
-        if batch_invariant and not plan.batch_invariant:
-            raise ValueError("batch_invariant: pass it to splitkv.plan(...), not together with plan=")
+        plan.check_options(num_splits, batch_invariant)
         if plan.checked[0] is not prob or backend != "auto":  # validated Problems are cached: same object, same call
             plan.check_call(prob, backend, q.device)
             plan.checked[0] = prob if backend == "auto" else None

@@ -163,23 +163,12 @@ class DecodePlan:
 
     def check_call(self, prob: validate.Problem, backend: str, device: torch.device) -> None:
         """The call must be the problem the plan was made for; each mismatch is named."""
-        want = (self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len)
-        got = (prob.batch, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len)
-        if got != want:
-            raise ValueError(f"plan: made for (B, Hq, Hkv, D, Sq) = {want}, but the inputs have {got}")
+        self._check_shape((prob.batch, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len), prob.dtype)
         if device != self.device:
             raise ValueError(f"plan: made for {self.device}, but the inputs are on {device}")
-        if self.dtype is not None and prob.dtype != self.dtype:
-            raise ValueError(f"plan: made for {self.dtype}, but q is {prob.dtype}")
         if self.backend != "torch" and prob.dtype not in validate.LOW_DTYPES:
             raise ValueError(f"plan: runs backend {self.backend!r}, which takes float16 or bfloat16, got {prob.dtype}")
-        if (prob.page_size is not None) != self.paged:
-            what = ("a paged cache (block_table)", "a contiguous cache (no block_table)")
-            raise ValueError(f"plan: made for {what[not self.paged]}, but the call passes {what[self.paged]}; "
-                             f"make it with splitkv.plan(..., paged={prob.page_size is not None})")
-        if backend not in ("auto", self.backend):
-            raise ValueError(f"plan: made for backend {self.backend!r}, but the call asks for {backend!r}; "
-                             f"make it with splitkv.plan(..., backend={backend!r})")
+        self._check_route(prob.page_size is not None, backend)
 
     def check_traced(self, q: torch.Tensor, k_cache: torch.Tensor, block_table, backend: str,
                      variant: Variant) -> None:
@@ -187,20 +176,32 @@ class DecodePlan:
         runs the custom op, which validates the rest when it runs)."""
         if q.dim() != 4 or k_cache.dim() != 4:
             raise ValueError(f"q / k_cache: expected 4-D tensors, got {q.dim()}-D / {k_cache.dim()}-D")
+        self._check_shape((q.shape[0], q.shape[2], k_cache.shape[2], q.shape[3], q.shape[1]), q.dtype)
+        self._check_route(block_table is not None, backend)
+        self.check_variant(variant)
+
+    def _check_shape(self, got: tuple, dtype: torch.dtype) -> None:
         want = (self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len)
-        got = (q.shape[0], q.shape[2], k_cache.shape[2], q.shape[3], q.shape[1])
         if got != want:
             raise ValueError(f"plan: made for (B, Hq, Hkv, D, Sq) = {want}, but the inputs have {got}")
-        if self.dtype is not None and q.dtype != self.dtype:
-            raise ValueError(f"plan: made for {self.dtype}, but q is {q.dtype}")
-        if (block_table is not None) != self.paged:
+        if self.dtype is not None and dtype != self.dtype:
+            raise ValueError(f"plan: made for {self.dtype}, but q is {dtype}")
+
+    def _check_route(self, paged: bool, backend: str) -> None:
+        if paged != self.paged:
             what = ("a paged cache (block_table)", "a contiguous cache (no block_table)")
             raise ValueError(f"plan: made for {what[not self.paged]}, but the call passes {what[self.paged]}; "
-                             f"make it with splitkv.plan(..., paged={block_table is not None})")
+                             f"make it with splitkv.plan(..., paged={paged})")
         if backend not in ("auto", self.backend):
             raise ValueError(f"plan: made for backend {self.backend!r}, but the call asks for {backend!r}; "
                              f"make it with splitkv.plan(..., backend={backend!r})")
-        self.check_variant(variant)
+
+    def check_options(self, num_splits, batch_invariant) -> None:
+        """num_splits / batch_invariant passed to a call with this plan: the plan's own or none."""
+        if num_splits is not None and num_splits != self.forced:
+            raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
+        if batch_invariant and not self.batch_invariant:
+            raise ValueError("batch_invariant: pass it to splitkv.plan(...), not together with plan=")
 
     def check_variant(self, variant: Variant) -> None:
         if variant.key() != self.variant_key:
