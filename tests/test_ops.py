@@ -190,9 +190,18 @@ def test_gpu_compile_inductor_equals_eager(backend):
     assert (o.double() - (ro * 2 + 1)).abs().max() < 5e-2
 
 
+def _step_with(p):
+    def step(q, k, v, seqlens, block_table=None, backend="auto"):
+        o, lse = splitkv.decode(q * 1.5, k, v, seqlens, block_table=block_table, return_lse=True, plan=p,
+                                backend=backend)
+        return o * 2 + 1, lse
+    return step
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("with_plan", [False, True])
 @pytest.mark.parametrize("paged", [False, True])
-def test_gpu_reduce_overhead_cuda_graphs_follow_lengths(paged):
+def test_gpu_reduce_overhead_cuda_graphs_follow_lengths(paged, with_plan):
     torch._dynamo.reset()
     Lmax = 8192
     q, k, v, _ = make_inputs(2, 1, 32, 8, 128, [Lmax - 3, Lmax - 3], BF16, device="cuda", nan_tail=False)
@@ -200,7 +209,10 @@ def test_gpu_reduce_overhead_cuda_graphs_follow_lengths(paged):
     if paged:
         k, v, bt = to_paged(k, v, [Lmax - 3, Lmax - 3], 64)
     counters.clear()
-    step = torch.compile(_step, fullgraph=True, mode="reduce-overhead")
+    if with_plan:  # the plan's checks and backend, through the op (fullgraph: no graph break)
+        p = splitkv.plan(torch.tensor([100, 4000], dtype=torch.int32, device="cuda"), 32, 8, 128,
+                         max_seqlen=Lmax, paged=paged, backend="triton")
+    step = torch.compile(_step_with(p) if with_plan else _step, fullgraph=True, mode="reduce-overhead")
     # warm-up, recording and replays: the replays must follow the new lengths (device split table)
     for lens in ([100, 4000], [8000, 1], [2500, 7777], [0, 64], [4097, 300]):
         sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
