@@ -172,6 +172,8 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     # without a plan) or asked for (SPLITKV_DEBUG=1); on a GPU with a plan they are the caller's contract
     if (q.device.type == "cpu" and not torch.compiler.is_compiling()) or DEBUG:
         validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
+        if variant.fp8 == "head":
+            validate.check_scale_values(variant.k_scale, variant.v_scale)
     if own_plan:
         if not isinstance(batch_invariant, bool):
             raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")

@@ -205,6 +205,17 @@ def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, n
         _need(n is not None and n >= 1, ValueError, f"num_sms: expected None or a positive int, got {num_sms!r}")
 
 
+def check_scale_values(k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+    """Per-KV-head fp8 scales read on the host (where decode reads its lengths there too): each a
+    finite value > 0, as float scales must be."""
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        vals = s.tolist()
+        bad = [(h, x) for h, x in enumerate(vals) if not (math.isfinite(x) and x > 0)]
+        if bad:
+            raise ValueError(f"{name}: every per-KV-head scale must be a finite float > 0, got {bad[0][1]!r} at "
+                             f"KV head {bad[0][0]}")
+
+
 def check_seqlens_host(lengths: list[int], prob: Problem, block_table, num_pages: int) -> None:
     """Host-side length checks (used when decode builds its own plan and so reads lengths anyway)."""
     bad = [(b, L) for b, L in enumerate(lengths) if L < 0 or L > prob.max_seqlen]

@@ -162,6 +162,10 @@ def test_fp8_cache_decodes_through_its_scales():
     (dict(k_scale=torch.ones(2, dtype=torch.float64), v_scale=torch.ones(2)), ValueError, "k_scale"),
     (dict(k_scale=-1.0, v_scale=1.0), ValueError, "k_scale"),
     (dict(k_scale=torch.ones(2), v_scale=1.0), ValueError, "v_scale"),
+    # per-KV-head values: read on the host on the CPU (on a GPU with SPLITKV_DEBUG=1)
+    (dict(k_scale=torch.tensor([1.0, 0.0]), v_scale=torch.ones(2)), ValueError, "k_scale: .* 0.0 at KV head 1"),
+    (dict(k_scale=torch.ones(2), v_scale=torch.tensor([-2.0, 1.0])), ValueError, "v_scale: .* -2.0 at KV head 0"),
+    (dict(k_scale=torch.tensor([float("nan"), 1.0]), v_scale=torch.ones(2)), ValueError, "k_scale: .*nan"),
 ])
 def test_bad_fp8_arguments_are_named(kw, exc, match):
     q, k, v, sl, _, _ = _fp8_inputs(1, 1, 4, 2, 64, [10], torch.float8_e4m3fn)
