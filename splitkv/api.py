@@ -32,6 +32,8 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
     Without a plan the split table is computed on the GPU from cache_seqlens (never read on the
     host: no sync), so the call itself may be captured in a CUDA graph. plan: from splitkv.plan(...),
     reused across layers (call plan.refresh(cache_seqlens) once per step when lengths change).
+    Under torch.compile every call is one custom op (fullgraph=True works); with a plan the call is
+    checked against it and runs its backend and split rule, the op scheduling on the device.
     batch_invariant: a request's output does not depend on the rest of the batch (bitwise).
 
     Attention variants, with FlashAttention's flash_attn_with_kvcache conventions (the math is in
