@@ -33,7 +33,9 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
     host: no sync), so the call itself may be captured in a CUDA graph. plan: from splitkv.plan(...),
     reused across layers (call plan.refresh(cache_seqlens) once per step when lengths change).
     Under torch.compile every call is one custom op (fullgraph=True works); with a plan the call is
-    checked against it and runs its backend and split rule, the op scheduling on the device.
+    checked against it and runs its backend, forced split count and batch-invariant mode, the op
+    scheduling on the device from the cache's capacity (the plan's max_seqlen, num_sms and table
+    are not used there; eager calls use them).
     batch_invariant: a request's output does not depend on the rest of the batch (bitwise).
 
     Attention variants, with FlashAttention's flash_attn_with_kvcache conventions (the math is in
@@ -81,12 +83,15 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
 
 
 def _traced_plan(plan, q, k_cache, block_table, backend, num_splits, batch_invariant, variant):
-    """decode(..., plan=p) under torch.compile: the call is checked against p and runs p's backend
-    and split rule (forced count, batch-invariant chunks) through the custom op, which keeps its
-    own workspace per input signature and computes the split table on the device from the lengths,
-    as a call without a plan does (p's own table and workspace are not used)."""
+    """decode(..., plan=p) under torch.compile: the call is checked against p and runs p's backend,
+    forced split count and batch-invariant mode through the custom op, which keeps its own
+    workspace per input signature and computes the split table on the device from the lengths, as
+    a call without a plan does: p's table, workspace, max_seqlen and num_sms are not used."""
     if not isinstance(plan, DecodePlan):
         raise TypeError(f"plan: expected a splitkv.DecodePlan, got {type(plan).__name__}")
+    validate.check_backend(backend)
+    if not isinstance(num_splits, torch.SymInt):  # a count dynamo made dynamic was checked when first seen
+        validate.check_num_splits(num_splits)
     plan.check_options(num_splits, batch_invariant)
     plan.check_traced(q, k_cache, block_table, backend, variant)
     return plan.backend, plan.forced, plan.batch_invariant

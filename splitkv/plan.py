@@ -170,13 +170,15 @@ class DecodePlan:
             raise ValueError(f"plan: runs backend {self.backend!r}, which takes float16 or bfloat16, got {prob.dtype}")
         self._check_route(prob.page_size is not None, backend)
 
-    def check_traced(self, q: torch.Tensor, k_cache: torch.Tensor, block_table, backend: str,
+    def check_traced(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor | None, backend: str,
                      variant: Variant) -> None:
         """check_call for a call traced by torch.compile, from the shapes alone (the compiled call
         runs the custom op, which validates the rest when it runs)."""
         if q.dim() != 4 or k_cache.dim() != 4:
             raise ValueError(f"q / k_cache: expected 4-D tensors, got {q.dim()}-D / {k_cache.dim()}-D")
         self._check_shape((q.shape[0], q.shape[2], k_cache.shape[2], q.shape[3], q.shape[1]), q.dtype)
+        if q.device != self.device:
+            raise ValueError(f"plan: made for {self.device}, but the inputs are on {q.device}")
         self._check_route(block_table is not None, backend)
         self.check_variant(variant)
 
@@ -196,10 +198,12 @@ class DecodePlan:
             raise ValueError(f"plan: made for backend {self.backend!r}, but the call asks for {backend!r}; "
                              f"make it with splitkv.plan(..., backend={backend!r})")
 
-    def check_options(self, num_splits, batch_invariant) -> None:
+    def check_options(self, num_splits: int | None, batch_invariant: bool) -> None:
         """num_splits / batch_invariant passed to a call with this plan: the plan's own or none."""
         if num_splits is not None and num_splits != self.forced:
-            raise ValueError("num_splits: pass it to splitkv.plan(...), not together with plan=")
+            runs = f"forces {self.forced} splits" if self.forced is not None else "chooses its split counts"
+            raise ValueError(f"num_splits: the plan {runs} (a count past what the longest request can use is cut "
+                             f"to it), so pass num_splits to splitkv.plan(...) only, not together with plan=")
         if batch_invariant and not self.batch_invariant:
             raise ValueError("batch_invariant: pass it to splitkv.plan(...), not together with plan=")
 

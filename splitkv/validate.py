@@ -55,12 +55,18 @@ def _need(cond: bool, exc: type[Exception], msg: str) -> None:
 def as_int(x) -> int | None:
     """x as a Python int when it is an integer (Python, NumPy or a 0-d integer tensor; not a bool),
     else None."""
-    if isinstance(x, bool):
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and (x.dim() != 0 or x.dtype == torch.bool)):
         return None
     try:
         return operator.index(x)
     except TypeError:
         return None
+
+
+def check_num_splits(num_splits) -> None:
+    if num_splits is not None:
+        _need(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 1, ValueError,
+              f"num_splits: expected None or an int >= 1, got {num_splits!r}")
 
 
 def check_backend(backend: str) -> None:
@@ -142,9 +148,7 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
           f"cache_seqlens: expected shape [{B}] (one length per request), got {tuple(cache_seqlens.shape)}")
     _need(cache_seqlens.dtype == torch.int32, TypeError, f"cache_seqlens: expected dtype int32, got {cache_seqlens.dtype}")
     _need(cache_seqlens.device == q.device, ValueError, f"cache_seqlens: on {cache_seqlens.device} but q is on {q.device}")
-    if num_splits is not None:
-        _need(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 1, ValueError,
-              f"num_splits: expected None or an int >= 1, got {num_splits!r}")
+    check_num_splits(num_splits)
     if softmax_scale is not None:
         _need(isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
               and math.isfinite(softmax_scale) and softmax_scale > 0, ValueError,
@@ -180,9 +184,7 @@ def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, n
           f"num_q_heads: {num_q_heads} must be a multiple of num_kv_heads {num_kv_heads}")
     _need(head_dim_ok(head_dim), ValueError, f"head_dim: {head_dim} not supported, expected {HEAD_DIM_RULE}")
     _need(q_len <= MAX_Q_LEN, ValueError, f"q_len: expected 1 <= q_len <= {MAX_Q_LEN}, got {q_len}")
-    if num_splits is not None:
-        _need(isinstance(num_splits, int) and not isinstance(num_splits, bool) and num_splits >= 1, ValueError,
-              f"num_splits: expected None or an int >= 1, got {num_splits!r}")
+    check_num_splits(num_splits)
     if max_seqlen is not None:
         _need(isinstance(max_seqlen, int) and not isinstance(max_seqlen, bool) and max_seqlen >= 1, ValueError,
               f"max_seqlen: expected a positive int, got {max_seqlen!r}")

@@ -61,6 +61,11 @@ def test_plan_takes_only_what_decode_takes():
         splitkv.plan(torch.tensor([-5, 3], dtype=torch.int32), 8, 2, 64)
     huge = splitkv.plan(sl, 8, 2, 64, num_splits=10 ** 7)  # bounded by what a row can use: no 165 GB
     assert huge.max_splits == 2 and huge.o_part.numel() < 10 ** 6
+    q, k, v, _ = make_inputs(2, 1, 8, 2, 64, [100, 7], torch.float32)
+    with pytest.raises(ValueError, match="num_splits: the plan forces 2 splits .* pass num_splits to splitkv.plan"):
+        splitkv.decode(q, k, v, sl, plan=huge, num_splits=10 ** 7)  # the count the plan was made with, cut
+    with pytest.raises(ValueError, match="num_splits: the plan chooses its split counts"):
+        splitkv.decode(q, k, v, sl, plan=splitkv.plan(sl, 8, 2, 64), num_splits=2)
 
 
 def test_refresh_takes_only_the_plans_batch_and_dtype():

@@ -3,6 +3,8 @@ no graph break and results equal to eager and to the fp64 reference; CUDA-graph 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import make_inputs, to_paged
@@ -120,6 +122,23 @@ def test_compile_with_a_plan_runs_its_rule_and_checks_the_call():
                       backend="aot_eager")
     with pytest.raises(ValueError, match="plan: made for backend 'triton', but the call asks for 'torch'"):
         h(q, kp, vp, sl, bt)
+    for kw, match in ((dict(backend="tirton"), "backend: expected one of"), (dict(num_splits=0), "num_splits: expected"),
+                      (dict(num_splits=5), "num_splits: the plan forces 3 splits")):
+        bad = torch.compile(lambda q, k, v, sl, bt, kw=kw: splitkv.decode(q, k, v, sl, block_table=bt, plan=p, **kw),
+                            backend="aot_eager")
+        with pytest.raises(ValueError, match=match):
+            bad(q, kp, vp, sl, bt)
+
+
+
+def test_compile_with_a_plan_of_another_device_is_refused():
+    torch._dynamo.reset()
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [300, 1], BF16)
+    p = splitkv.plan(sl, 8, 2, 64)
+    elsewhere = dataclasses.replace(p, device=torch.device("cuda", 0))  # stands in for a plan made on a GPU
+    moved = torch.compile(lambda q, k, v, sl: splitkv.decode(q, k, v, sl, plan=elsewhere), backend="aot_eager")
+    with pytest.raises(ValueError, match="plan: made for cuda:0, but the inputs are on cpu"):
+        moved(q, k, v, sl)
 
 def test_compile_paged_scale_and_optional_args():
     torch._dynamo.reset()

@@ -148,7 +148,8 @@ def test_as_int():
     np = pytest.importorskip("numpy")
     for x in (0, -1, 7, np.int64(-1), np.int32(3), torch.tensor(-1), torch.tensor(5, dtype=torch.int32)):
         assert type(validate.as_int(x)) is int and validate.as_int(x) == int(x)
-    for x in (True, False, -1.0, 2.5, np.float64(-1.0), torch.tensor(-1.0), torch.tensor([1, 2]), "1", None):
+    for x in (True, False, -1.0, 2.5, np.float64(-1.0), torch.tensor(-1.0), torch.tensor([1, 2]), torch.tensor([3]),
+              torch.tensor(True), "1", None):
         assert validate.as_int(x) is None
 
 
