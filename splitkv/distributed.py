@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from .api import decode
 from .cache import PagedKVCache
+from .cli_args import _positive_float
 from .extend import attend_new_keys
 from .merge import merge_states_n
 from .rope import RopeConfig, apply_rope
@@ -269,11 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m splitkv.distributed",
                                  description="Print (and plot) the context-parallel cost model.")
     ap.add_argument("--plot", help="PNG path for the predicted speedup curves")
-    ap.add_argument("--link-gbps", type=float, default=450.0, help="all-gather bandwidth per GPU, GB/s")
+    ap.add_argument("--link-gbps", type=_positive_float, default=450.0, help="all-gather bandwidth per GPU, GB/s")
     ap.add_argument("--overhead", action="store_true", help="measure the world-size-1 overhead on this GPU")
     a = ap.parse_args(argv)
-    if not 0 < a.link_gbps < float("inf"):
-        ap.error(f"--link-gbps: expected a finite positive bandwidth, got {a.link_gbps}")
     if a.overhead and not torch.cuda.is_available():
         ap.error("--overhead: measures on a CUDA GPU; none is available here")
     if a.overhead:

@@ -163,9 +163,8 @@ class DecodePlan:
 
     def check_call(self, prob: validate.Problem, backend: str, device: torch.device) -> None:
         """The call must be the problem the plan was made for; each mismatch is named."""
-        self._check_shape((prob.batch, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len), prob.dtype)
-        if device != self.device:
-            raise ValueError(f"plan: made for {self.device}, but the inputs are on {device}")
+        self._check_shape((prob.batch, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len), device,
+                          prob.dtype)
         if self.backend != "torch" and prob.dtype not in validate.LOW_DTYPES:
             raise ValueError(f"plan: runs backend {self.backend!r}, which takes float16 or bfloat16, got {prob.dtype}")
         self._check_route(prob.page_size is not None, backend)
@@ -176,16 +175,16 @@ class DecodePlan:
         runs the custom op, which validates the rest when it runs)."""
         if q.dim() != 4 or k_cache.dim() != 4:
             raise ValueError(f"q / k_cache: expected 4-D tensors, got {q.dim()}-D / {k_cache.dim()}-D")
-        self._check_shape((q.shape[0], q.shape[2], k_cache.shape[2], q.shape[3], q.shape[1]), q.dtype)
-        if q.device != self.device:
-            raise ValueError(f"plan: made for {self.device}, but the inputs are on {q.device}")
+        self._check_shape((q.shape[0], q.shape[2], k_cache.shape[2], q.shape[3], q.shape[1]), q.device, q.dtype)
         self._check_route(block_table is not None, backend)
         self.check_variant(variant)
 
-    def _check_shape(self, got: tuple, dtype: torch.dtype) -> None:
+    def _check_shape(self, got: tuple, device: torch.device, dtype: torch.dtype) -> None:
         want = (self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim, self.q_len)
         if got != want:
             raise ValueError(f"plan: made for (B, Hq, Hkv, D, Sq) = {want}, but the inputs have {got}")
+        if device != self.device:
+            raise ValueError(f"plan: made for {self.device}, but the inputs are on {device}")
         if self.dtype is not None and dtype != self.dtype:
             raise ValueError(f"plan: made for {self.dtype}, but q is {dtype}")
 
