@@ -111,6 +111,19 @@ def triton_fp8_fit(head_dim: int, group: int, q_len: int = 1, paged: bool = Fals
     return min(SM90_REGS_PER_SM // warp_regs // 4, SM90_SMEM_PER_SM // smem)
 
 
+# Paged Triton tiles find a key row's page from its position. Where every tile starts at a multiple
+# of min(page_size, block_n) keys (split starts are whole rule tiles; not with a sliding window) the
+# kernel can take a row's place in its page from the tile's constant row index, which the compiler
+# hoists out of the key loop (split_kernel PAGE_ALIGNED). sm_90 SASS per key tile (Triton 3.6, D 128,
+# paged 16, CPU compile): fp8 MHA 1382 -> 1125 instructions (contiguous: 1083), bf16 split tile
+# 691 -> 485 (387), and the bf16 split tile's registers 168 -> 124. But the hoisted offsets take
+# registers: the fp8 tile goes 197-208 -> 210-255 (two per SM either way) and the group-4 one
+# 168 -> 243, which would lose its third CTA per SM, so that tile keeps the per-row lookup.
+def aligned_page_lookup(kv_fp8: bool, head_dim: int, group: int, q_len: int) -> bool:
+    """Whether a paged Triton plan may use the aligned page lookup (above)."""
+    return not (kv_fp8 and 64 < head_dim <= 128 and triton_fp8_fit(head_dim, group, q_len, paged=True) >= 3)
+
+
 def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m: int = 16,
                   kv_fp8: bool = False, *, batch: int = 1, groups_per_request: int = 1,
                   num_sms: int = 132, group: int = 1, q_len: int = 1) -> int:

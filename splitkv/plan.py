@@ -82,6 +82,9 @@ class DecodePlan:
     # written with sched (heuristics.work_items / work_list); None: a (split, request) grid
     work: torch.Tensor | None = None
     work_items: int = 0
+    # the Triton split kernel may find pages by tile (heuristics.aligned_page_lookup; its launch also
+    # checks the call's page size against the rule's block_n)
+    aligned_pages: bool = False
     # (weakref, _version) of the lengths tensor the table was last computed from (schedule_if_new)
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
     launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
@@ -314,7 +317,10 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     return DecodePlan(B, prob.num_q_heads, prob.num_kv_heads, prob.head_dim, prob.q_len,
                       prob.dtype if dtype_bound else None, paged, prob.max_seqlen, device, name, auto, tile,
                       m_tiles, rule, fuse, batch_invariant, sched, counters, o_part, lse_part, lse_scratch,
-                      variant.key(), work, items)
+                      variant.key(), work, items,
+                      aligned_pages=(name == "triton" and paged and not variant.windowed
+                                     and H.aligned_page_lookup(prob.kv_fp8, prob.head_dim, prob.qhead_per_kvhead,
+                                                               prob.q_len)))
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,

@@ -24,7 +24,9 @@ tile (row r -> token r // G, head kvh * G + r % G), so each K/V byte is read onc
 
 Layouts: q [B, Sq, Hq, D]; K/V contiguous [B, Lmax, Hkv, D] or paged [P, page_size, Hkv, D] with
 block_table [B, max_pages] (pages gathered here, per key row; entries past the last used page are
-never read); any strides with unit stride on D.
+never read); any strides with unit stride on D. PAGE_ALIGNED (the launch sets it where every tile
+starts at a multiple of min(PAGE_SIZE, BLOCK_N), heuristics.aligned_page_lookup): a row's place in
+its page is the tile's constant row index, so no per-row division and the offsets leave the loop.
 Outputs: a request with num_splits == 1 writes o (q dtype) and lse directly — no merge needed;
 otherwise o_part [S, B, Hq, Sq, D] fp32 (normalised) and lse_part [S, B, Hq, Sq] fp32 (natural
 log, -inf for a split that saw no key; then o_part = 0). NaN in q or in a used key / value
@@ -59,7 +61,7 @@ def _tanh(x):
 @triton.jit
 def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc, qk_mul, cap_mul, slope,
                  win_left, win_right, s_kb, s_kn, s_vb, s_vn, s_btb,
-                 BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                 BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                  WINDOW: tl.constexpr, KV_FP8: tl.constexpr):
     """One key tile [n0, min(n0 + BLOCK_N, end)) of the online softmax (keys past end are never
@@ -67,8 +69,17 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < end
     if PAGED:
-        page = tl.load(BT + b.to(tl.int64) * s_btb + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-        in_page = (offs_n % PAGE_SIZE).to(tl.int64)
+        bt_row = BT + b.to(tl.int64) * s_btb
+        if PAGE_ALIGNED and PAGE_SIZE <= BLOCK_N:  # n0 % PAGE_SIZE == 0: a row's place in its page is fixed
+            j = tl.arange(0, BLOCK_N)
+            page = tl.load(bt_row + n0 // PAGE_SIZE + j // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            in_page = (j % PAGE_SIZE).to(tl.int64)  # loop-invariant: hoisted out of the key loop
+        elif PAGE_ALIGNED:  # n0 % BLOCK_N == 0 and BLOCK_N divides PAGE_SIZE: the tile lies in one page
+            page = tl.load(bt_row + n0 // PAGE_SIZE).to(tl.int64)
+            in_page = (n0 % PAGE_SIZE + tl.arange(0, BLOCK_N)).to(tl.int64)
+        else:
+            page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            in_page = (offs_n % PAGE_SIZE).to(tl.int64)
         k_row = page * s_kb + in_page * s_kn
         v_row = page * s_vb + in_page * s_vn
     else:
@@ -153,8 +164,8 @@ def split_kernel(
     s_lob, s_loh,
     NUM_KV_HEADS: tl.constexpr, M_TILES: tl.constexpr, G: tl.constexpr, SQ: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     WINDOW: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr, SCALE_PER_HEAD: tl.constexpr,
     HAS_WORK: tl.constexpr,
 ):
@@ -219,14 +230,14 @@ def split_kernel(
         while n0 < end:
             m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
                                          qk_mul, cap_mul, slope, win_left, win_right,
-                                         s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
+                                         s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, PAGE_ALIGNED, CAUSAL,
                                          UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
                                          qk_mul, cap_mul, slope, win_left, win_right,
-                                         s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, CAUSAL,
+                                         s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, PAGE_ALIGNED, CAUSAL,
                                          UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8)
 
     # saw a key: l != 0 (l >= 1 after any finite score). NaN != 0, so a NaN row keeps o = NaN and
