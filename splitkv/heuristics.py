@@ -113,20 +113,19 @@ def triton_fp8_fit(head_dim: int, group: int, q_len: int = 1, paged: bool = Fals
 
 # Paged Triton tiles find a key row's page from its position. Where every tile starts at a multiple
 # of min(page_size, block_n) keys (split starts are whole rule tiles; not with a sliding window) the
-# kernel takes a tile's page ids from the tile's index and a row's place in its page from its
-# constant row index (split_kernel PAGE_ALIGNED): no per-row division, and in mode 2 the in-page
-# offsets are hoisted out of the key loop. sm_90 SASS instructions per key tile and registers
-# (Triton 3.6, D 128, paged 16, CPU compile; modes 0 / 1 / 2):
-#   fp8 MHA 1382 / 1319 / 1125 (contiguous 1083), 201 / 200 / 254 registers (two CTAs per SM in all);
-#   fp8 group 4 1402 / 1332 / 1148, 168 / 168 / 243 registers (three per SM, three, two);
-#   bf16 split tile 691 / 615 / 485 (contiguous 387), 168 / 145 / 124 registers.
-# H200, graph replay, e4m3 paged 16 (results/2026-12-03-h200-paged-lookup/): B=1 MHA 32K 106.3 ->
-# 92.0 us in mode 2 (contiguous 86.2). So mode 2, except where its registers would cost the fp8
-# group-4 tile its third CTA per SM: mode 1 there.
-def aligned_page_lookup(kv_fp8: bool, head_dim: int, group: int, q_len: int) -> int:
-    """PAGE_ALIGNED mode (above) for a paged Triton plan whose tiles start on page boundaries."""
-    three = kv_fp8 and 64 < head_dim <= 128 and triton_fp8_fit(head_dim, group, q_len, paged=True) >= 3
-    return 1 if three else 2
+# kernel takes a tile's page ids from its index and a row's place in its page from the tile's constant
+# row index, which the compiler hoists out of the key loop (split_kernel PAGE_ALIGNED). sm_90 SASS per
+# key tile (Triton 3.6, D 128, paged 16, CPU compile): fp8 MHA 1382 -> 1125 instructions (contiguous
+# 1083), bf16 split tile 691 -> 485 (387) with 168 -> 124 registers. H200, graph replay, paged 16
+# (results/2026-12-03-h200-paged-lookup/): e4m3 B=1 MHA 32K 106.3 -> 92.0 us (contiguous 86.2), bf16
+# Triton B=16 GQA 32K 526.8 -> 494.3. The hoisted offsets take registers: fp8 tiles go 197-208 -> 210-255
+# (two per SM either way) but the group-4 one 168 -> 243, which would lose its third CTA per SM, so
+# that tile keeps the per-row lookup (page ids by tile with per-tile offsets kept it at 168 registers
+# and 1402 -> 1332 instructions, but measured no faster: B=1 GQA 128K 102.2 vs 104.2 us, B=16 GQA 32K
+# 344.8 vs 345.2).
+def aligned_page_lookup(kv_fp8: bool, head_dim: int, group: int, q_len: int) -> bool:
+    """Whether a paged Triton plan may use the aligned page lookup (above)."""
+    return not (kv_fp8 and 64 < head_dim <= 128 and triton_fp8_fit(head_dim, group, q_len, paged=True) >= 3)
 
 
 def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m: int = 16,

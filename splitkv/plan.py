@@ -82,9 +82,9 @@ class DecodePlan:
     # written with sched (heuristics.work_items / work_list); None: a (split, request) grid
     work: torch.Tensor | None = None
     work_items: int = 0
-    # PAGE_ALIGNED mode of the Triton split kernel where tiles start on page boundaries (0: never;
-    # heuristics.aligned_page_lookup; its launch checks the call's page size and strides)
-    aligned_pages: int = 0
+    # the Triton split kernel may find pages by tile (heuristics.aligned_page_lookup; its launch also
+    # checks the call's page size against the rule's block_n)
+    aligned_pages: bool = False
     # (weakref, _version) of the lengths tensor the table was last computed from (schedule_if_new)
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
     launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
@@ -318,9 +318,9 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
                       prob.dtype if dtype_bound else None, paged, prob.max_seqlen, device, name, auto, tile,
                       m_tiles, rule, fuse, batch_invariant, sched, counters, o_part, lse_part, lse_scratch,
                       variant.key(), work, items,
-                      aligned_pages=(H.aligned_page_lookup(prob.kv_fp8, prob.head_dim, prob.qhead_per_kvhead,
-                                                           prob.q_len)
-                                     if name == "triton" and paged and not variant.windowed else 0))
+                      aligned_pages=(name == "triton" and paged and not variant.windowed
+                                     and H.aligned_page_lookup(prob.kv_fp8, prob.head_dim, prob.qhead_per_kvhead,
+                                                               prob.q_len)))
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,

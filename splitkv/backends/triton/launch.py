@@ -91,16 +91,12 @@ def _split_key(q, k_cache, v_cache, block_table, out, scale, causal, variant=PLA
             block_table.stride(0) if paged else -1, causal, scale, q.dtype, k_cache.dtype, variant.kernel_key())
 
 
-def _page_aligned(page_size: int, block_n: int, plan, k_cache, v_cache) -> int:
-    """PAGE_ALIGNED: the plan's mode (heuristics.aligned_page_lookup) where every key tile starts at a
-    multiple of min(page_size, block_n) keys (splits start at multiples of the rule's block_n: its
-    chunk lengths are whole tiles), else 0. Mode 1 multiplies in-page offsets in 32 bits."""
-    mode = plan.aligned_pages
-    if not mode or page_size & (page_size - 1) or plan.rule.block_n % min(page_size, block_n):
-        return 0
-    if mode == 1 and page_size * max(abs(k_cache.stride(1)), abs(v_cache.stride(1))) >= 2 ** 31:
-        return 0
-    return mode
+def _page_aligned(page_size: int, block_n: int, plan) -> bool:
+    """PAGE_ALIGNED: the plan allows the aligned page lookup and every key tile starts at a multiple
+    of min(page_size, block_n) keys (splits start at multiples of the rule's block_n: its chunk
+    lengths are whole tiles)."""
+    return (plan.aligned_pages and page_size & (page_size - 1) == 0
+            and plan.rule.block_n % min(page_size, block_n) == 0)
 
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
@@ -146,7 +142,7 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
         cx = dict(NUM_KV_HEADS=plan.num_kv_heads, M_TILES=plan.m_tiles, G=plan.qhead_per_kvhead, SQ=Sq,
                   HEAD_DIM=D, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                   PAGE_SIZE=k_cache.shape[1] if paged else 1, PAGED=paged,
-                  PAGE_ALIGNED=_page_aligned(k_cache.shape[1], tile.block_n, plan, k_cache, v_cache) if paged else 0,
+                  PAGE_ALIGNED=paged and _page_aligned(k_cache.shape[1], tile.block_n, plan),
                   CAUSAL=bool(causal and Sq > 1),
                   UPCAST=_INTERPRET, FUSED_MERGE=plan.fuse, BLOCK_D=_block_d(D), SOFTCAP=cap > 0,
                   ALIBI=slopes is not None, WINDOW=variant.windowed, SINKS=sinks is not None,

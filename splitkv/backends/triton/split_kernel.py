@@ -24,10 +24,9 @@ tile (row r -> token r // G, head kvh * G + r % G), so each K/V byte is read onc
 
 Layouts: q [B, Sq, Hq, D]; K/V contiguous [B, Lmax, Hkv, D] or paged [P, page_size, Hkv, D] with
 block_table [B, max_pages] (pages gathered here, per key row; entries past the last used page are
-never read); any strides with unit stride on D. PAGE_ALIGNED 1 / 2 (the launch sets it where every
-tile starts at a multiple of min(PAGE_SIZE, BLOCK_N); heuristics.aligned_page_lookup): a tile's page
-ids come from its index and a row's place in its page from the tile's constant row index (no
-per-row division); 2 hoists the in-page offsets out of the key loop, 1 multiplies them in 32 bits.
+never read); any strides with unit stride on D. PAGE_ALIGNED (the launch sets it where every tile
+starts at a multiple of min(PAGE_SIZE, BLOCK_N), heuristics.aligned_page_lookup): a row's place in
+its page is the tile's constant row index, so no per-row division and the offsets leave the loop.
 Outputs: a request with num_splits == 1 writes o (q dtype) and lse directly — no merge needed;
 otherwise o_part [S, B, Hq, Sq, D] fp32 (normalised) and lse_part [S, B, Hq, Sq] fp32 (natural
 log, -inf for a split that saw no key; then o_part = 0). NaN in q or in a used key / value
@@ -74,22 +73,15 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
         if PAGE_ALIGNED and PAGE_SIZE <= BLOCK_N:  # n0 % PAGE_SIZE == 0: a row's place in its page is fixed
             j = tl.arange(0, BLOCK_N)
             page = tl.load(bt_row + n0 // PAGE_SIZE + j // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-            if PAGE_ALIGNED == 2:
-                in_page = j % PAGE_SIZE  # loop-invariant: hoisted out of the key loop
-            else:
-                in_page = offs_n % PAGE_SIZE  # per tile: no offsets held in registers across the loop
+            in_page = (j % PAGE_SIZE).to(tl.int64)  # loop-invariant: hoisted out of the key loop
         elif PAGE_ALIGNED:  # n0 % BLOCK_N == 0 and BLOCK_N divides PAGE_SIZE: the tile lies in one page
             page = tl.load(bt_row + n0 // PAGE_SIZE).to(tl.int64)
-            in_page = n0 % PAGE_SIZE + tl.arange(0, BLOCK_N)
+            in_page = (n0 % PAGE_SIZE + tl.arange(0, BLOCK_N)).to(tl.int64)
         else:
             page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-            in_page = offs_n % PAGE_SIZE
-        if PAGE_ALIGNED == 1:  # 32-bit in-page products (the launch checks PAGE_SIZE * stride < 2^31)
-            k_row = page * s_kb + (in_page * s_kn).to(tl.int64)
-            v_row = page * s_vb + (in_page * s_vn).to(tl.int64)
-        else:
-            k_row = page * s_kb + in_page.to(tl.int64) * s_kn
-            v_row = page * s_vb + in_page.to(tl.int64) * s_vn
+            in_page = (offs_n % PAGE_SIZE).to(tl.int64)
+        k_row = page * s_kb + in_page * s_kn
+        v_row = page * s_vb + in_page * s_vn
     else:
         k_row = b.to(tl.int64) * s_kb + offs_n.to(tl.int64) * s_kn  # B * Lmax * Hkv * D may pass 2^31
         v_row = b.to(tl.int64) * s_vb + offs_n.to(tl.int64) * s_vn
