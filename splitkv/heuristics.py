@@ -119,13 +119,13 @@ def triton_fp8_fit(head_dim: int, group: int, q_len: int = 1, paged: bool = Fals
 # 1083), bf16 split tile 691 -> 485 (387) with 168 -> 124 registers. H200, graph replay, paged 16
 # (results/2026-12-03-h200-paged-lookup/): e4m3 B=1 MHA 32K 106.3 -> 92.0 us (contiguous 86.2), bf16
 # Triton B=16 GQA 32K 526.8 -> 494.3. The hoisted offsets take registers: fp8 tiles go 197-208 -> 210-255
-# (two per SM either way) but the group-4 one 168 -> 243, which would lose its third CTA per SM, so
-# that tile keeps the per-row lookup (page ids by tile with per-tile offsets kept it at 168 registers
-# and 1402 -> 1332 instructions, but measured no faster: B=1 GQA 128K 102.2 vs 104.2 us, B=16 GQA 32K
-# 344.8 vs 345.2).
-def aligned_page_lookup(kv_fp8: bool, head_dim: int, group: int, q_len: int) -> bool:
-    """Whether a paged Triton plan may use the aligned page lookup (above)."""
-    return not (kv_fp8 and 64 < head_dim <= 128 and triton_fp8_fit(head_dim, group, q_len, paged=True) >= 3)
+# (two per SM either way) and the group-4 one 168 -> 243, so a plan aiming at three fp8 CTAs per SM
+# (blocks_per_sm) keeps the per-row lookup (page ids by tile with per-tile offsets kept that tile at
+# 168 registers and 1402 -> 1332 instructions, but measured no faster: B=16 GQA 32K 344.8 vs 345.2 us).
+def aligned_page_lookup(kv_fp8: bool, head_dim: int, blocks_per_sm: int = BLOCKS_PER_SM) -> bool:
+    """Whether a paged Triton plan aiming at `blocks_per_sm` split CTAs per SM may use the aligned
+    page lookup (above): not where an fp8 tile must fit three per SM."""
+    return not (kv_fp8 and 64 < head_dim <= 128 and blocks_per_sm >= 3)
 
 
 def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m: int = 16,
