@@ -57,7 +57,7 @@ def _check(o, lse, ro, rl):
     (3, 4, 6, 3, 80, [97, 5, 256], 1),
     (1, 16, 4, 1, 128, [203], 16),
     (2, 2, 8, 8, 64, [130, 64], 64),
-    (2, 1, 16, 4, 128, [300, 77], 16),  # the group-4 D 128 paged tile: PAGE_ALIGNED mode 1 (heuristics)
+    (2, 1, 16, 4, 128, [300, 77], 16),  # the group-4 D 128 paged tile, aligned page lookup (heuristics)
 ], ids=str)
 def test_decode_on_fp8_cache_matches_reference(backend, fp8, per_head, case, device="cpu"):
     B, Sq, Hq, Hkv, D, lens, page = case
