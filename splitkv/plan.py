@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import backends, validate
+from . import backends, capture, validate
 from . import heuristics as H
 from . import workspace as W
 from .constants import FP8_HEAD_DIMS as CUTLASS_FP8_HEAD_DIMS
@@ -85,7 +85,8 @@ class DecodePlan:
     # the Triton split kernel may find pages by tile (heuristics.aligned_page_lookup; its launch also
     # checks the call's page size against the rule's block_n)
     aligned_pages: bool = False
-    # (weakref, _version) of the lengths tensor the table was last computed from (schedule_if_new)
+    # (weakref, _version, capture.token) of the lengths tensor the table was last computed from, and
+    # where that schedule went (None: eagerly; else the CUDA-graph capture it was recorded into)
     last_lengths: list = field(default_factory=lambda: [None], repr=False)
     launches: object = field(default_factory=lambda: _bound(), repr=False)  # the Triton launch cache
     checked: list = field(default_factory=lambda: [None], repr=False)  # the last Problem check_call passed
@@ -139,14 +140,17 @@ class DecodePlan:
 
     def schedule_if_new(self, cache_seqlens: torch.Tensor) -> None:
         """schedule(), skipped when these are the very lengths of the last schedule, unmodified since
-        (the same tensor object, alive all along, with the same version counter): the layers of one
-        step share one launch. A write the counter misses (a raw kernel writing the lengths) leaves a
-        stale table, which costs balance only; under CUDA-graph capture the launch is always recorded."""
+        (the same tensor object, alive all along, with the same version counter) and that schedule
+        ran where this call runs: eagerly, or recorded earlier in the same CUDA-graph capture
+        (splitkv.capture). So the layers of one step share one launch, eager or captured. A write
+        the counter misses (a raw kernel writing the lengths) leaves a stale table, which costs
+        balance only."""
         last = self.last_lengths[0]
-        if (last is None or last[0]() is not cache_seqlens or last[1] != cache_seqlens._version
-                or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
-            self.schedule(cache_seqlens)
-            self.last_lengths[0] = (weakref.ref(cache_seqlens), cache_seqlens._version)
+        where = capture.token(self.device)  # a fresh token (capture id unreadable) equals nothing
+        if last is not None and last[0]() is cache_seqlens and last[1] == cache_seqlens._version and where == last[2]:
+            return
+        self.schedule(cache_seqlens)
+        self.last_lengths[0] = (weakref.ref(cache_seqlens), cache_seqlens._version, where)
 
     def schedule(self, cache_seqlens: torch.Tensor) -> None:
         """refresh() without the checks (decode has validated the lengths)."""

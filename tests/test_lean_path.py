@@ -109,6 +109,32 @@ def test_plain_decode_reschedules_when_the_lengths_change(monkeypatch):
     assert len(calls) == 4
 
 
+
+def test_schedule_is_shared_within_one_capture_only(monkeypatch):
+    """The skip of schedule_if_new holds where the last schedule went: eagerly, or into this very
+    capture (splitkv.capture.token: None eagerly, the capture's id, or a fresh object when no id)."""
+    from splitkv import capture, execute
+
+    q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [4000, 40], BF16, pad=200, nan_tail=False)
+    splitkv.decode(q, k, v, sl)
+    plan = next(iter(execute._PLANS.values()))
+    assert capture.token(plan.device) is None  # a CPU plan: never in a capture
+    calls = []
+    real = plan.schedule
+    object.__setattr__(plan, "schedule", lambda lens: calls.append(1) or real(lens))
+    where = [None]
+    monkeypatch.setattr(capture, "token", lambda device: where[0])
+    for token, records in [(None, 0), (7, 1), (7, 0), (7, 0), (8, 1), (None, 1), (None, 0)]:
+        where[0] = token  # eager, capture 7 (its first call records, the rest share), capture 8, eager
+        n = len(calls)
+        plan.schedule_if_new(sl)
+        assert len(calls) - n == records, token
+    monkeypatch.setattr(capture, "token", lambda device: object())  # no readable id: always recorded
+    for _ in range(2):
+        n = len(calls)
+        plan.schedule_if_new(sl)
+        assert len(calls) == n + 1
+
 # --- strided int tensors -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -263,6 +289,46 @@ def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
         assert torch.equal(og, eager), new
         assert_close_to_reference(og, lg, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_plain_decodes_captured_together_share_one_schedule(backend):
+    """Three layers' plain decode calls in one graph, one lengths tensor: one schedule recorded, and
+    replays with new lengths give what eager calls give."""
+    from splitkv import execute
+
+    lens = [4000, 700, 1]
+    layers = [make_inputs(3, 1, 32, 8, 128, lens, BF16, "cuda", nan_tail=False, pad=200, seed=i) for i in range(3)]
+    sl = layers[0][3]
+    splitkv.clear_plans()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm the capture stream's own plan
+        splitkv.decode(*layers[0][:3], sl, backend=backend)
+        (plan,) = execute._PLANS.values()
+    torch.cuda.current_stream().wait_stream(s)
+    calls = []
+    real = plan.schedule
+    object.__setattr__(plan, "schedule", lambda x: calls.append(1) or real(x))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        outs = [splitkv.decode(q, k, v, sl, backend=backend) for q, k, v, _ in layers]
+    assert len(calls) == (1 if _cuda_bindings() else 3)  # without cuda-python every call records its own
+    for new in ([3, 4050, 2000], [0, 17, 4100]):
+        sl.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        for o, (q, k, v, _) in zip(outs, layers, strict=True):
+            assert torch.equal(o, splitkv.decode(q, k, v, sl, backend=backend)), new
+
+
+def _cuda_bindings() -> bool:
+    try:
+        from cuda.bindings import runtime  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 # --- the lean path: the second call of a signature launches through the bound launcher ---------------
 
