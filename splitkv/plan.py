@@ -78,8 +78,8 @@ class DecodePlan:
     lse_part: torch.Tensor | None  # fp32 [S, B, Hq, Sq]
     lse_scratch: torch.Tensor  # fp32 [B, Hq, Sq]: the lse of calls that do not return it
     variant_key: tuple = PLAIN_KEY  # the attention variant it was made for (splitkv.variants)
-    # int32 [2, items] (rows 16-byte aligned): the Triton split kernel's work list, (request, split) per CTA column,
-    # written with sched (heuristics.work_items / work_list); None: a (split, request) grid
+    # int32 [2, items] (rows 16-byte aligned): the split kernel's work list (Triton and CuTe),
+    # (request, split) per CTA column, written with sched (heuristics.work_items / work_list); None: a (split, request) grid
     work: torch.Tensor | None = None
     work_items: int = 0
     # the Triton split kernel may find pages by tile (heuristics.aligned_page_lookup; its launch also
@@ -297,7 +297,7 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     # path for a batch-invariant plan: the merge kernel
     B, S = prob.batch, rule.max_splits
     pad = -(-max(B, 1) // 4) * 4  # 16-byte aligned rows: Triton specialises pointers on alignment
-    items = (H.work_items(rule, B) or 0) if name == "triton" else 0
+    items = (H.work_items(rule, B) or 0) if name != "torch" else 0
 
     def tensors():
         sched = torch.ones(2, pad, dtype=torch.int32, device=device)

@@ -18,6 +18,7 @@ import torch
 from helpers import make_inputs, to_paged
 
 import splitkv
+from splitkv import heuristics as H
 from splitkv.backends import cutlass as backend
 from splitkv.backends.cutlass import cache, config
 from splitkv.reference import decode_lowp, decode_reference
@@ -361,6 +362,26 @@ def test_split_arguments_land_on_the_right_kernel_parameters(monkeypatch, paged)
     assert got["q"] == q.data_ptr() and got["o_part"] == o_part.data_ptr() and got["lse"] == lse.data_ptr()
     assert got["s_btb"] == (bt.stride(0) if paged else 0) and got["max_splits"] == p.max_splits
     assert got["scale_log2"] == pytest.approx(0.125 * 1.4426950408889634) and got["stream"] == "stream"
+    assert got["work"] == 0 and got["s_work"] == 0  # a forced plan: the (request, split) grid
+
+
+@needs_dsl
+def test_a_work_list_plan_launches_one_grid_column_per_item(monkeypatch):
+    """B=4 GQA 32/8 on 132 SMs (one split CTA per SM): the plan's work list holds its 16 splits,
+    and the launch's grid is (KV heads x m-tiles, items) — passed as batch 1, max_splits = items —
+    instead of 4 x 16 columns of which 48 would exit at once."""
+    from splitkv.backends.cutlass import launch
+    from splitkv.backends.cutlass.split_kernel import SplitKernel
+
+    got, _ = _record_launches(monkeypatch, SplitKernel, "_split_launcher")
+    q, k, v, sl = make_inputs(4, 1, 32, 8, 128, [4096] * 4, torch.bfloat16, pad=0)
+    p = splitkv.plan(sl, 32, 8, 128, backend="cutlass", num_sms=132)
+    assert p.work is not None and (p.work_items, p.max_splits) == (16, 16)
+    o_part, lse_part = p.partials()
+    launch.split_(q, k, v, sl, None, p, o_part, lse_part, torch.empty_like(q), torch.empty(4, 32, 1), 0.1, True)
+    assert (got["batch"], got["max_splits"]) == (1, p.work_items)
+    assert got["work"] == p.work.data_ptr() and got["s_work"] == p.work.stride(0)
+    assert p.work[:, :16].tolist() == H.work_list(p.num_splits, 16).tolist()  # 4 splits each, request order
 
 
 @needs_dsl

@@ -34,7 +34,7 @@ def fake_split_args():
     import cutlass.cute as cute
     from cutlass import Float32, Int32, Int64
 
-    return ([Int64(0)] * N_POINTERS + [Int32(0)] * 11 + [Int64(0)] * 22 + [Float32(0.0)] * 3
+    return ([Int64(0)] * N_POINTERS + [Int32(0)] * 11 + [Int64(0)] * 24 + [Float32(0.0)] * 3
             + [cute.runtime.make_fake_stream()])
 
 
@@ -190,14 +190,17 @@ def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, l
     l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
     bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
     left, right, scale_log2, pre_mul, v_mul = variant_scalars(variant, scale)
+    work = plan.work if plan.work is not None and plan.work_items else None  # the grid: one CTA per item
+    grid_b, grid_s = (1, plan.work_items) if work is not None else (B, plan.max_splits)
     return launch, [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
                      plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(), bt.data_ptr(), op.data_ptr(),
                      lp.data_ptr(), out.data_ptr(), lse.data_ptr(), plan.counters.data_ptr() if fuse else 0,
                      *variant_pointers(variant),
-                     plan.max_splits, B, plan.num_kv_heads, plan.m_tiles, plan.qhead_per_kvhead, Sq,
+                     grid_s, grid_b, plan.num_kv_heads, plan.m_tiles, plan.qhead_per_kvhead, Sq,
                      k_cache.shape[1] if paged else 1, int(bool(causal and Sq > 1)), int(fuse), left, right,
                      *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], bt.stride(0) if paged else 0,
                      *p_strides, *l_strides, *out.stride()[:3], *lse.stride()[:2],
+                     work.data_ptr() if work is not None else 0, work.stride(0) if work is not None else 0,
                      scale_log2, pre_mul, v_mul, _stream(index)]
 
 

@@ -87,9 +87,11 @@ class SplitKernel:
                  s_qb: Int64, s_qt: Int64, s_qh: Int64, s_kb: Int64, s_kn: Int64, s_kh: Int64,
                  s_vb: Int64, s_vn: Int64, s_vh: Int64, s_btb: Int64,
                  s_ps: Int64, s_pb: Int64, s_ph: Int64, s_pt: Int64, s_ls: Int64, s_lb: Int64, s_lh: Int64,
-                 s_ob: Int64, s_ot: Int64, s_oh: Int64, s_lob: Int64, s_loh: Int64,
+                 s_ob: Int64, s_ot: Int64, s_oh: Int64, s_lob: Int64, s_loh: Int64, work: Int64, s_work: Int64,
                  scale_log2: Float32, pre_mul: Float32, v_mul: Float32, stream: cuda.CUstream):
-        """Host side: launch grid (B * Hkv * m_tiles, max_splits). Addresses are raw device
+        """Host side: launch grid (B * Hkv * m_tiles, max_splits), or with a work list (work != 0:
+        int32 [2, s_work] of (request, split) items, heuristics.work_items) (Hkv * m_tiles, items),
+        which the caller passes as batch = 1, max_splits = items. Addresses are raw device
         pointers (ints; sinks / alibi / per-KV-head fp8 scales 0 when the call has none), strides in
         elements. fp8: scale_log2 holds a per-tensor k_scale, v_mul the per-tensor v_scale."""
         self.kernel(q, k, v, seqlens, nsplits, chunks, block_table, o_part, lse_part, out, lse, counters,
@@ -97,7 +99,7 @@ class SplitKernel:
                     win_left, win_right,
                     (s_qb, s_qt, s_qh), (s_kb, s_kn, s_kh), (s_vb, s_vn, s_vh), s_btb,
                     (s_ps, s_pb, s_ph, s_pt), (s_ls, s_lb, s_lh, Int64(1)), (s_ob, s_ot, s_oh),
-                    (s_lob, s_loh), scale_log2, pre_mul, v_mul,
+                    (s_lob, s_loh), work, s_work, scale_log2, pre_mul, v_mul,
                     ).launch(grid=[batch * num_kv_heads * m_tiles, max_splits, 1],
                              block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=self.cfg.pdl)
 
@@ -107,7 +109,8 @@ class SplitKernel:
                sinks: Int64, alibi: Int64, k_scales: Int64, v_scales: Int64, num_kv_heads: Int32, m_tiles: Int32,
                group: Int32, q_len: Int32, page_size: Int32, causal: Int32, fuse: Int32, win_left: Int32,
                win_right: Int32, q_strides, k_strides, v_strides, s_btb: Int64, part_strides, lpart_strides,
-               out_strides, lse_strides, scale_log2: Float32, pre_mul: Float32, v_mul: Float32):
+               out_strides, lse_strides, work: Int64, s_work: Int64, scale_log2: Float32, pre_mul: Float32,
+               v_mul: Float32):
         cfg = self.cfg
         BM, BN, ST = cfg.block_m, cfg.block_n, cfg.num_stages
         D, DP = cfg.head_dim, cfg.padded_dim  # the model's head dim; the smem / MMA width (80, 96 -> 128)
@@ -129,6 +132,12 @@ class SplitKernel:
             # the merge may launch now (it waits for this grid the same way)
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
+        if work != 0:  # grid column `split` is item i of the work list: (request, split), -1 past the last
+            wb = gmem_vec(Int32, work + Int64(split) * 4, 1, 4)[0]
+            ws = gmem_vec(Int32, work + (s_work + Int64(split)) * 4, 1, 4)[0]
+            b = cutlass.max(wb, 0)
+            split = cutlass.max(ws, 0) + cutlass.max(-wb, 0) * (1 << 30)  # no item: past any split count
+            pid = b * (m_tiles * num_kv_heads) + pid  # the fused merge's counter of (request, head, tile)
         # the three per-request scalars in one round trip (every b < batch is in bounds)
         n_splits = gmem_vec(Int32, nsplits + Int64(b) * 4, 1, 4)[0]
         seqlen = gmem_vec(Int32, seqlens + Int64(b) * 4, 1, 4)[0]
