@@ -466,17 +466,19 @@ def test_clear_plans_releases_what_the_lean_path_holds():
 
 # --- the work list: one CTA column per split of the batch, not batch x max_splits ------------------
 
-WORK_LIST_BACKENDS = [("triton", 32)] + ([pytest.param("cutlass", 64, marks=pytest.mark.gpu)]
-                                          if HAS_CUDA and backends.cutlass_available() else [])
+WORK_LIST_BACKENDS = ["triton"] + ([pytest.param("cutlass", marks=pytest.mark.gpu)]
+                                   if HAS_CUDA and backends.cutlass_available() else [])
 
 
-@pytest.mark.parametrize("backend,num_sms", WORK_LIST_BACKENDS)  # SM counts at which the rule takes a list
+@pytest.mark.parametrize("backend", WORK_LIST_BACKENDS)
 @pytest.mark.parametrize("paged", [False, True])
-def test_work_list_plan_decodes_ragged_batches(paged, backend, num_sms):
+def test_work_list_plan_decodes_ragged_batches(paged, backend):
     """An auto plan of a mid-size batch launches one CTA per (request, split) of its work list;
     ragged lengths (one request with no key, one long) under one plan, re-planned per call."""
     lens_a, lens_b = [700, 0, 5, 5000, 64, 900], [5000, 4999, 1, 2, 3, 4]
     q, k, v, sl = make_inputs(6, 2, 8, 2, 64, [5000] * 6, BF16, DEV, nan_tail=False)
+    # SM counts at which the rule takes a list: CuTe plans aim at one split CTA per SM (two paged)
+    num_sms = 64 if backend == "cutlass" and not paged else 32
     p = splitkv.plan(sl, 8, 2, 64, q_len=2, num_sms=num_sms, backend=backend, paged=paged)
     assert p.work is not None and p.work_items < 6 * p.max_splits
     for lens in (lens_a, lens_b, lens_a):  # the third call takes the lean path
