@@ -31,10 +31,13 @@ def _capture_id(stream_handle: int) -> int | None:
     rt = _runtime[0]
     if rt is None:
         return None
-    res = rt.cudaStreamGetCaptureInfo(rt.cudaStream_t(init_value=stream_handle))
-    if res[0] != rt.cudaError_t.cudaSuccess or res[1] != rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive:
+    try:  # (err, status, id, ...) in every cuda-python release; anything unexpected: no id
+        res = rt.cudaStreamGetCaptureInfo(rt.cudaStream_t(init_value=stream_handle))
+        if res[0] != rt.cudaError_t.cudaSuccess or res[1] != rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusActive:
+            return None
+        return int(res[2])
+    except Exception:  # noqa: BLE001 - a binding that differs costs one schedule per captured call, never an error
         return None
-    return int(res[2])
 
 
 def token(device: torch.device):

@@ -135,6 +135,20 @@ def test_schedule_is_shared_within_one_capture_only(monkeypatch):
         plan.schedule_if_new(sl)
         assert len(calls) == n + 1
 
+
+def test_an_unreadable_capture_id_is_none_never_an_error(monkeypatch):
+    """capture._capture_id: None (each captured call then records its own schedule) when the
+    bindings are absent, fail, or answer in an unexpected form."""
+    from splitkv import capture
+
+    class Broken:
+        def cudaStream_t(self, init_value):  # noqa: N802 - the binding's name
+            raise RuntimeError("driver too old")
+
+    for rt in (None, Broken()):
+        monkeypatch.setattr(capture, "_runtime", [rt])
+        assert capture._capture_id(0) is None
+
 # --- strided int tensors -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
