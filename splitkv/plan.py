@@ -229,7 +229,9 @@ class DecodePlan:
         return (f"DecodePlan[{self.backend}{'(auto)' if self.auto else ''}] B={self.batch} "
                 f"Hq/Hkv={self.num_q_heads}/{self.num_kv_heads} D={self.head_dim} Sq={self.q_len} "
                 f"{'paged' if self.paged else 'contiguous'} max_seqlen={self.max_seqlen} tile={self.tile} "
-                f"m_tiles={self.m_tiles} max_splits={self.max_splits} ({how}) fuse={self.fuse}")
+                f"m_tiles={self.m_tiles} max_splits={self.max_splits} ({how}) "
+                f"grid={'work list of ' + str(self.work_items) + ' items' if self.work is not None else 'B x max_splits'} "
+                f"fuse={self.fuse}")
 
 
 def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, num_sms, span_cap) -> tuple:

@@ -377,6 +377,7 @@ def test_a_work_list_plan_launches_one_grid_column_per_item(monkeypatch):
     q, k, v, sl = make_inputs(4, 1, 32, 8, 128, [4096] * 4, torch.bfloat16, pad=0)
     p = splitkv.plan(sl, 32, 8, 128, backend="cutlass", num_sms=132)
     assert p.work is not None and (p.work_items, p.max_splits) == (16, 16)
+    assert "grid=work list of 16 items" in p.describe()
     o_part, lse_part = p.partials()
     launch.split_(q, k, v, sl, None, p, o_part, lse_part, torch.empty_like(q), torch.empty(4, 32, 1), 0.1, True)
     assert (got["batch"], got["max_splits"]) == (1, p.work_items)
