@@ -109,7 +109,6 @@ def test_plain_decode_reschedules_when_the_lengths_change(monkeypatch):
     assert len(calls) == 4
 
 
-
 def test_schedule_is_shared_within_one_capture_only(monkeypatch):
     """The skip of schedule_if_new holds where the last schedule went: eagerly, or into this very
     capture (splitkv.capture.token: None eagerly, the capture's id, or a fresh object when no id)."""
@@ -148,6 +147,7 @@ def test_an_unreadable_capture_id_is_none_never_an_error(monkeypatch):
     for rt in (None, Broken()):
         monkeypatch.setattr(capture, "_runtime", [rt])
         assert capture._capture_id(0) is None
+
 
 # --- strided int tensors -------------------------------------------------------------------------------
 
@@ -304,7 +304,6 @@ def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
         assert_close_to_reference(og, lg, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["auto", "triton"])
 def test_plain_decodes_captured_together_share_one_schedule(backend):
@@ -343,6 +342,7 @@ def _cuda_bindings() -> bool:
     except ImportError:
         return False
     return True
+
 
 # --- the lean path: the second call of a signature launches through the bound launcher ---------------
 
