@@ -190,7 +190,7 @@ def _split_args(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, l
     l_strides = lse_part.stride()[:3] if parts else (0, 0, 0)
     bt = block_table if paged else cache_seqlens  # any int32 tensor: never read when not paged
     left, right, scale_log2, pre_mul, v_mul = variant_scalars(variant, scale)
-    work = plan.work if plan.work is not None and plan.work_items else None  # the grid: one CTA per item
+    work = plan.work  # a work list (plan.build: only with work_items): the grid is one CTA per item
     grid_b, grid_s = (1, plan.work_items) if work is not None else (B, plan.max_splits)
     return launch, [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), cache_seqlens.data_ptr(),
                      plan.num_splits.data_ptr(), plan.chunk_lens.data_ptr(), bt.data_ptr(), op.data_ptr(),
