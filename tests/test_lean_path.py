@@ -308,7 +308,7 @@ def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
 @pytest.mark.parametrize("backend", ["auto", "triton"])
 def test_plain_decodes_captured_together_share_one_schedule(backend):
     """Three layers' plain decode calls in one graph, one lengths tensor: one schedule recorded, and
-    replays with new lengths give what eager calls give."""
+    replays with new lengths match the fp64 reference and give what eager calls give."""
     from splitkv import execute
 
     lens = [4000, 700, 1]
@@ -326,13 +326,14 @@ def test_plain_decodes_captured_together_share_one_schedule(backend):
     object.__setattr__(plan, "schedule", lambda x: calls.append(1) or real(x))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s):
-        outs = [splitkv.decode(q, k, v, sl, backend=backend) for q, k, v, _ in layers]
+        outs = [splitkv.decode(q, k, v, sl, backend=backend, return_lse=True) for q, k, v, _ in layers]
     assert len(calls) == (1 if _cuda_bindings() else 3)  # without cuda-python every call records its own
     for new in ([3, 4050, 2000], [0, 17, 4100]):
         sl.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
-        for o, (q, k, v, _) in zip(outs, layers, strict=True):
+        for (o, lse), (q, k, v, _) in zip(outs, layers, strict=True):
+            assert_close_to_reference(o, lse, q, k, v, sl)
             assert torch.equal(o, splitkv.decode(q, k, v, sl, backend=backend)), new
 
 
