@@ -252,6 +252,30 @@ def test_graph_rows_check_the_graph_safe_output(monkeypatch):
     assert row["graph_rel_err"] < report.ERR_WARN and not report.err_flag(row)
 
 
+def test_graph_rows_keep_the_fastest_capture_and_check_every_output(monkeypatch):
+    """runner.GRAPH_CAPTURES fresh captures per graph row: the fastest one's time, the worst error."""
+    times, outs = iter([2.0, 1.0]), []
+
+    def fake_time_graph(fns, device, reps):
+        o = fns[0]()
+        if not outs:
+            o = o.clone().fill_(float("nan"))  # the first capture's output is wrong: the row must say so
+        outs.append(o)
+        return next(times), len(fns), 7, o
+
+    monkeypatch.setattr(runner, "time_graph", fake_time_graph)
+    monkeypatch.setattr(runner, "GRAPH_CAPTURES", 2)
+    monkeypatch.setattr(inputs, "MAX_ROTATION", 2)
+    case = inputs.build_case(shapes.make_shape(1, 300, 4, 2, 64), torch.bfloat16, "cpu")
+    ref = check.build_reference(case)
+    row = dict.fromkeys(report.FIELDS, None)
+    row["note"] = ""
+    cfg = runner.Config(device=torch.device("cpu"), suite="quick", reps=1)
+    runner._measure_graph(case, ref, registry.make("splitkv-torch"), cfg, row)
+    assert len(outs) == 2 and row["graph_us"] == 1.0 and row["graph_replays"] == 7
+    assert math.isnan(row["graph_max_abs_err"])
+
+
 def test_rows_measured_before_a_crash_are_written(tmp_path, monkeypatch):
     calls = []
     real = runner.measure

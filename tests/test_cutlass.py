@@ -524,6 +524,50 @@ def test_compute_sanitizer_is_clean(tool):
     print(res.stdout.strip().splitlines()[-1], [ln for ln in res.stdout.splitlines() if "SUMMARY" in ln])
 
 
+# the work-list grid (heuristics.work_items): auto plans of small batches, ragged lengths (a request
+# with no key, items past the last split), dense and paged, the fused merge's arrival counters
+_WORK_LIST_SNIPPET = """
+import torch, splitkv
+from helpers import make_inputs, to_paged, assert_close_to_reference
+n = 0
+for paged, B, L in ((False, 4, 4096), (True, 2, 16384)):  # the smallest batches whose plans take a list
+    q, k, v, _ = make_inputs(B, 1, 32, 8, 128, [L] * B, torch.bfloat16, 'cuda', nan_tail=False)
+    kk, vv, bt = to_paged(k, v, [L] * B, 16) if paged else (k, v, None)
+    p = splitkv.plan(torch.full((B,), L, dtype=torch.int32, device='cuda'), 32, 8, 128, num_sms=132,
+                     backend='cutlass', paged=paged)
+    assert p.work is not None, p.describe()
+    ragged = ([L - 96, 0, 17, 2500], [1, 2, 3, L]) if B == 4 else ([0, L - 5], [1, L])
+    for lens in ([L] * B, *ragged):
+        sl = torch.tensor(lens, dtype=torch.int32, device='cuda')
+        p.refresh(sl)
+        o, lse = splitkv.decode(q, kk, vv, sl, block_table=bt, plan=p, return_lse=True)
+        # the reference on the CPU: racecheck flags cuBLAS's own kernels (nvjet_*) on the GPU
+        cpu = [t.cpu() if t is not None else None for t in (o, lse, q, kk, vv, sl, bt, k, v)]
+        assert_close_to_reference(*cpu[:6], block_table=cpu[6], lowp_k=cpu[7], lowp_v=cpu[8])
+        n += 1
+print('ok', n == 6, n, 'work-list calls')
+"""
+
+
+@pytest.mark.gpu
+@needs_dsl
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_work_list_grid_is_sanitizer_clean(tool):
+    """The CuTe split kernel reading a work list (two D 128 bf16 variants: quick to compile, unlike
+    test_compute_sanitizer_is_clean's every variant, whose forced plans take the (split, request) grid)."""
+    import shutil
+
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer not on PATH")
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run(["compute-sanitizer", "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",
+                          sys.executable, "-c", _WORK_LIST_SNIPPET], capture_output=True, text=True, timeout=600,
+                         env=env)
+    assert res.returncode == 0 and "ok True" in res.stdout, (res.stdout + res.stderr)[-4000:]
+    print(res.stdout.strip().splitlines()[-1], [ln for ln in res.stdout.splitlines() if "SUMMARY" in ln])
+
+
 @needs_dsl
 def test_fused_merge_is_chosen_by_the_heuristic_and_needs_counters(monkeypatch):
     from splitkv import heuristics

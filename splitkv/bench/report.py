@@ -131,8 +131,8 @@ def collect_meta(device: torch.device, argv: list[str], sol_tbps: float | None) 
         "timing": ("eager: median of L2-flushed reps (do_bench method); splitkv-<backend> rows reuse a "
                    "plan made outside the timed region, splitkv-<backend>-noplan rows call decode(q, k, v, "
                    "lens) with no plan (graph rows capture that call); graph: CUDA graph of N calls over "
-                   "rotating buffers > 256 MB, per call; host: CPU time per call of N calls issued back "
-                   "to back without synchronising (median of 3 loops)"),
+                   "rotating buffers > 256 MB, per call, the faster of 2 captures; host: CPU time per call "
+                   "of N calls issued back to back without synchronising (median of 3 loops)"),
         "byte_model": "K+V of valid positions + q + o (splitkv.bench.shapes.byte_model)",
     }
     if device.type == "cuda":

@@ -106,6 +106,15 @@ def measure(case, ref, provider, cfg: Config, dtype: str) -> dict:
     return row
 
 
+# Each graph row times this many fresh captures of its calls and keeps the fastest. On the H200
+# (2026-12-04, results/2026-12-04-h200-layout/probe_settle.py) the first capture after the
+# case's fp64 reference ran B=1 GQA 32/8 32K at 40.2-40.5 us per call in 13 of 15 trials, with
+# pauses of 0-1 s or another graph in between, and the next capture at 36.5-36.6 every time (a
+# fresh process: 36.4); the first provider of every shape (splitkv-<backend>-noplan) took that
+# penalty alone. Its cause is not known.
+GRAPH_CAPTURES = 2
+
+
 def _measure_graph(case, ref, provider, cfg: Config, row: dict) -> None:
     try:
         session = provider.session(case, graph=True)
@@ -113,9 +122,11 @@ def _measure_graph(case, ref, provider, cfg: Config, row: dict) -> None:
         sets = case.rotation(case.rotation_count())
         with session.context():
             fns = [session.bind(ts) for ts in sets]
-            us, calls, replays, out = time_graph(fns, case.device, cfg.reps)
+            runs = [time_graph(fns, case.device, cfg.reps) for _ in range(GRAPH_CAPTURES)]
+        us, calls, replays, _ = min(runs, key=lambda r: r[0])
         row.update(graph_us=us, graph_calls=calls, graph_replays=replays)
-        row["graph_max_abs_err"], row["graph_rel_err"] = ref.error(out)
+        errs = [ref.error(r[3]) for r in runs]  # every capture's output is checked: the worst is reported
+        row["graph_max_abs_err"], row["graph_rel_err"] = max(errs, key=lambda e: (math.isnan(e[0]), e[0]))
         session.close()
     except Exception as exc:  # noqa: BLE001
         torch.cuda.synchronize(case.device)
