@@ -4,6 +4,9 @@ ragged batch's long requests; the extra columns exit at once. Each shape: the pl
 same plan with heuristics.FULL_GRID_MAX_SPLITS = 1 (one column, nothing to exit) and the same
 tile (heuristics.tile_override); graph replay, two captures each.
 
+Caveat found afterwards (NOTES #49): with max_splits 1, backend="auto" takes Triton, so the
+"one column" rows ran Triton at the CuTe plan's tile; they do not isolate the grid.
+
 Run from the repository root: PYTHONPATH=. python benchmarks/results/2026-12-04-h200-layout/probe_empty_ctas.py
 """
 import torch
