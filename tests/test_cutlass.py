@@ -504,22 +504,30 @@ print('ok', names >= want, len(names & want), 'of', len(want), 'variants')
 @needs_dsl
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_compute_sanitizer_is_clean(tool):
-    import shutil
-
-    if shutil.which("compute-sanitizer") is None:
-        pytest.skip("compute-sanitizer not on PATH")
+    _skip_without_sanitizer()
     from splitkv.backends.cutlass import config as C
     from splitkv.backends.cutlass import launch as L
 
     for cfg in C.split_variants() + C.merge_variants():  # fill the disk cache outside the sanitizer
         (L.compile_split if isinstance(cfg, C.SplitConfig) else L.compile_merge)(cfg, "sm_90a")
+    _assert_sanitizer_clean(tool, _SANITIZE_SNIPPET, timeout=900)
+
+
+def _skip_without_sanitizer() -> None:
+    import shutil
+
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer not on PATH")
+
+
+def _assert_sanitizer_clean(tool: str, snippet: str, timeout: int) -> None:
+    """Run snippet (which prints 'ok True' when its own checks pass) under compute-sanitizer `tool`."""
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
            "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
     # --report-api-errors no: on the H200 (2026-11-29) memcheck reported 34 errors whose host frames
     # were the DSL's GPU-arch probe (cuda-python API calls), not kernel accesses; count device errors only
     res = subprocess.run(["compute-sanitizer", "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",
-                          sys.executable, "-c",
-                          _SANITIZE_SNIPPET], capture_output=True, text=True, timeout=900, env=env)
+                          sys.executable, "-c", snippet], capture_output=True, text=True, timeout=timeout, env=env)
     assert res.returncode == 0 and "ok True" in res.stdout, (res.stdout + res.stderr)[-4000:]
     print(res.stdout.strip().splitlines()[-1], [ln for ln in res.stdout.splitlines() if "SUMMARY" in ln])
 
@@ -555,17 +563,8 @@ print('ok', n == 6, n, 'work-list calls')
 def test_work_list_grid_is_sanitizer_clean(tool):
     """The CuTe split kernel reading a work list (two D 128 bf16 variants: quick to compile, unlike
     test_compute_sanitizer_is_clean's every variant, whose forced plans take the (split, request) grid)."""
-    import shutil
-
-    if shutil.which("compute-sanitizer") is None:
-        pytest.skip("compute-sanitizer not on PATH")
-    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run(["compute-sanitizer", "--tool", tool, "--report-api-errors", "no", "--error-exitcode", "99",
-                          sys.executable, "-c", _WORK_LIST_SNIPPET], capture_output=True, text=True, timeout=600,
-                         env=env)
-    assert res.returncode == 0 and "ok True" in res.stdout, (res.stdout + res.stderr)[-4000:]
-    print(res.stdout.strip().splitlines()[-1], [ln for ln in res.stdout.splitlines() if "SUMMARY" in ln])
+    _skip_without_sanitizer()
+    _assert_sanitizer_clean(tool, _WORK_LIST_SNIPPET, timeout=600)
 
 
 @needs_dsl
