@@ -529,8 +529,28 @@ def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: in
 
 _UNSPLIT_TILES = {80: (128, 3), 96: (64, 4)}  # (block_n, stages) of D 80 / 96 unsplit contiguous plans
 
+# CuTe D 128 contiguous plans whose CTAs stream whole sequences in several waves (a uniform batch at
+# the bound gets one chunk per request and has more CTAs than SMs): block_n 128 x 3 stages (196 KB,
+# one CTA per SM, two stages in flight while it computes on the third). H200, graph replay, bf16,
+# tile sweeps of 2026-12-04 (results/2026-12-04-h200-layout/tiles_unsplit.md, tiles_mha.md; NOTES
+# #50), the planner's tile vs n128 s3: B=16 MHA 32K 1919.4 us (n128 s2) vs 1902.0 and 1913.5 vs
+# 1898.9; B=64 MHA 4K 964.9 (n64 s3) vs 954.4 and 967.6 vs 956.7; B=16 MHA 4K 246.2 vs 244.3;
+# B=64 GQA 32/8 32K within 0.2%. In one wave (<= 132 CTAs) it is behind: B=4 MHA 32K 479.0 (n128
+# s2) vs 485.1, B=1 MHA 128K 481.3 vs 485.1; those plans keep their tiles.
+WAVES_TILE = (128, 3)
 
-def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_fp8: bool = False) -> tuple[int, int]:
+
+def streams_in_waves(rule: SplitRule, batch: int, bound: int, groups_per_request: int, num_sms: int,
+                     batch_invariant: bool) -> bool:
+    """Whether a uniform batch of `batch` requests at the length bound runs one CTA per request and
+    (KV head, m-tile) group, and more of them than there are SMs (cutlass_tile's waves tile)."""
+    if batch_invariant or batch == 0 or batch * groups_per_request <= num_sms:
+        return False
+    return rule.max_splits == 1 or uniform_chunk_keys(rule, batch, bound) >= bound
+
+
+def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_fp8: bool = False,
+                 waves: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
 
     Split plans: every stage holds K and V tiles of block_n x D (2 B each); the rule keeps a stage
@@ -556,6 +576,9 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_
     keeps n64 s3 (D 80 408.1 vs 432.9 n128 s3, D 96 407.7 vs 462.6). D 192, B=1 32K: s3 53.8 vs s2
     55.7 contiguous, 66.6 vs 59.0 paged.
 
+    waves: a D 128 contiguous plan whose CTAs stream whole sequences in several waves
+    (streams_in_waves) takes WAVES_TILE whether its grid may split or not.
+
     fp8 caches (D 128 / 256): 1-byte stages, so block_n 128 at D 128 (64 at 256) x 3 stages keeps
     D 128 bf16's 32 KB per stage in flight; one CTA per SM (the fp16 tile the stages convert into
     takes another 64 KB). First choice by that byte count, not yet swept.
@@ -565,6 +588,8 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_
         block_n, stages = (128, 3) if padded <= 128 else (64, 3)
     elif padded == 64:
         block_n, stages = 128, 3
+    elif padded == 128 and waves and head_dim == 128 and not paged:
+        block_n, stages = WAVES_TILE
     elif padded == 128:
         block_n, stages = (64, 3) if splitting or paged else _UNSPLIT_TILES.get(head_dim, (128, 2))
     else:

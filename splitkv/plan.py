@@ -138,6 +138,12 @@ class DecodePlan:
             raise ValueError(f"cache_seqlens: on {cache_seqlens.device}, the plan is for {self.device}")
         self.schedule(cache_seqlens)
 
+    @property
+    def schedule_pdl(self) -> bool:
+        """Whether the device schedule launches with programmatic dependent launch: ahead of the
+        CuTe split kernel (sm90), which waits for it at its first instruction (schedule_kernel.py)."""
+        return self.backend == "cutlass" and H.CUTLASS_PDL
+
     def schedule_if_new(self, cache_seqlens: torch.Tensor) -> None:
         """schedule(), skipped when these are the very lengths of the last schedule, unmodified since
         (the same tensor object, alive all along, with the same version counter) and that schedule
@@ -160,7 +166,7 @@ class DecodePlan:
         if self.device.type == "cuda" and backends.triton_available():
             from .backends.triton.launch import schedule
 
-            schedule(cache_seqlens, self.sched, self.rule, self.launches, self.work)
+            schedule(cache_seqlens, self.sched, self.rule, self.launches, self.work, pdl=self.schedule_pdl)
         else:
             n, chunk = H.schedule(cache_seqlens, self.rule)
             self.num_splits.copy_(n)
@@ -287,7 +293,9 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     splitting = rule.max_splits > 1 or batch_invariant  # batch-invariant: one tile whatever the grid
     whole = splitting and H.streams_whole_sequences(name, rule, prob.batch, prob.max_seqlen, batch_invariant)
     if name == "cutlass":
-        block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not whole, paged, prob.kv_fp8)
+        waves = H.streams_in_waves(rule, prob.batch, prob.max_seqlen, prob.num_kv_heads * m_tiles, kw["num_sms"],
+                                   batch_invariant)
+        block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not whole, paged, prob.kv_fp8, waves)
         tile = H.TileConfig(tile.block_m, block_n, tile.num_warps, stages)
         fuse = 1 < rule.max_splits <= H.CUTLASS_FUSED_MERGE_MAX_SPLITS
     else:

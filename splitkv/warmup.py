@@ -8,7 +8,10 @@ the backends become: for every combination of head dim x dtype x (Hq, Hkv) x Sq 
 backend it runs a decode that does not split (num_splits=1), one that splits in two (the fused
 merge), one with MANY_SPLITS splits (more than any fused-merge limit: the separate merge
 kernel) and one the planner splits itself (num_splits=None). Together these hit the kernels a
-model with those shapes launches, whatever split count the planner picks later. Compiled CuTe
+model with those shapes launches, whatever split count the planner picks later. One more decode
+runs a batch that fills the GPU on its own (more requests x KV heads than SMs, FULL_BATCH_KEYS
+each): the plans of such batches stream whole sequences in several waves, on a tile of their own
+(heuristics.WAVES_TILE). Compiled CuTe
 kernels also land in the disk cache (SPLITKV_CACHE_DIR) and Triton's in its own
 (~/.triton/cache), so a later process loads them instead of compiling.
 
@@ -33,6 +36,7 @@ from . import validate
 MANY_SPLITS = 16
 SPLIT_COUNTS = (1, 2, MANY_SPLITS, None)
 KEYS_PER_SPLIT = 256  # cache length per split of the dummy decodes (one chunk of the planner's minimum)
+FULL_BATCH_KEYS = 2 * KEYS_PER_SPLIT  # the full batch's lengths: long enough for a plan that may split
 
 _DTYPE_NAMES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
                 "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -130,25 +134,32 @@ def _describe_variant(var: dict) -> str:
 
 
 def _decodes(head_dim, dtype, heads, q_len, is_paged, page_size, backend, device, variant=None) -> None:
-    """The dummy decodes of one combination (batch 1, zero-filled inputs)."""
+    """The dummy decodes of one combination (zero-filled inputs): batch 1, then a full batch."""
     from .api import decode
+    from .plan import device_num_sms
 
     q_heads, kv_heads = heads
     kw = {k: (torch.zeros(q_heads, device=device) if v is True and k in ("sinks", "alibi_slopes") else v)
           for k, v in (variant or {}).items()}
+
+    def inputs(batch: int, max_len: int):
+        q = torch.zeros(batch, q_len, q_heads, head_dim, dtype=dtype, device=device)
+        if not is_paged:
+            return q, torch.zeros(batch, max_len, kv_heads, head_dim, dtype=dtype, device=device), None
+        per = -(-max_len // page_size)
+        k = torch.zeros(batch * per, page_size, kv_heads, head_dim, dtype=dtype, device=device)
+        return q, k, torch.arange(batch * per, dtype=torch.int32, device=device).view(batch, per)
+
     max_len = MANY_SPLITS * KEYS_PER_SPLIT
-    q = torch.zeros(1, q_len, q_heads, head_dim, dtype=dtype, device=device)
-    if is_paged:
-        pages = -(-max_len // page_size)
-        k = torch.zeros(pages, page_size, kv_heads, head_dim, dtype=dtype, device=device)
-        block_table = torch.arange(pages, dtype=torch.int32, device=device)[None]
-    else:
-        k = torch.zeros(1, max_len, kv_heads, head_dim, dtype=dtype, device=device)
-        block_table = None
+    q, k, block_table = inputs(1, max_len)
     for splits in SPLIT_COUNTS:
         keys = max_len if splits is None else max(2, splits) * KEYS_PER_SPLIT
         lens = torch.full((1,), keys, dtype=torch.int32, device=device)
         decode(q, k, k, lens, block_table=block_table, num_splits=splits, backend=backend, **kw)
+    full = device_num_sms(torch.device(device)) // kv_heads + 1  # one request more than fills the SMs
+    q, k, block_table = inputs(full, FULL_BATCH_KEYS)
+    lens = torch.full((full,), FULL_BATCH_KEYS, dtype=torch.int32, device=device)
+    decode(q, k, k, lens, block_table=block_table, backend=backend, **kw)
 
 
 def warmup(*, head_dims: int | Sequence[int] = (128,), dtypes: torch.dtype | Sequence[torch.dtype] = (torch.bfloat16,),

@@ -31,10 +31,13 @@ needs_dsl = pytest.mark.skipif(not backend.available(), reason="nvidia-cutlass-d
 def test_variant_lists_cover_every_launchable_config():
     split = config.split_variants()
     # dtype x D x block_m x paged, plus the other contiguous tile of D 80 / 96 / 128 / 192 (unsplit vs split:
-    # heuristics.cutlass_tile); fp8 caches: format x dtype x D 128 / 256 x block_m x paged
-    assert len(split) == 2 * 6 * 3 * 2 + 2 * 4 * 3 + 2 * 2 * 2 * 3 * 2 and len({c.name for c in split}) == len(split)
+    # heuristics.cutlass_tile) and D 128's third (whole sequences in several waves); fp8 caches: format x
+    # dtype x D 128 / 256 x block_m x paged
+    assert (len(split) == 2 * 6 * 3 * 2 + 2 * 4 * 3 + 2 * 3 + 2 * 2 * 2 * 3 * 2
+            and len({c.name for c in split}) == len(split))
     assert not any(c.paged and c.block_n == 128 and c.head_dim == 128 and not c.kv_fp8 for c in split)
-    assert {(c.block_n, c.num_stages) for c in split if c.head_dim == 128 and not c.kv_fp8} == {(64, 3), (128, 2)}
+    assert {(c.block_n, c.num_stages) for c in split if c.head_dim == 128 and not c.kv_fp8} == {(64, 3), (128, 2),
+                                                                                               (128, 3)}
     assert {(c.head_dim, c.kv_fp8) for c in split if c.kv_fp8} == {(d, f) for d in (128, 256) for f in ("e4m3", "e5m2")}
     assert {c.block_m for c in split} == set(config.BLOCK_MS)  # every planner query tile
     assert len(config.merge_variants()) == 3 * 2 * 6
@@ -212,6 +215,29 @@ def test_every_split_variant_matches_reference(dtype, D, G, Sq, page, fused, mon
         assert (o.permute(0, 2, 1, 3)[~fin] == 0).all()
         o2, _ = splitkv.decode(q, k, v, sl, block_table=bt, num_splits=splits, return_lse=True, backend="cutlass")
         assert torch.equal(o, o2)  # bitwise run-to-run determinism
+
+
+@pytest.mark.gpu
+@needs_dsl
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("G,Sq", [(4, 1), (8, 4)])
+def test_plans_streaming_in_waves_match_reference(dtype, G, Sq):
+    """The several-wave tile (heuristics.WAVES_TILE, n128 s3), from a plan made for a GPU of 8 SMs so
+    that 5 requests x 2 KV heads stream in waves: a ragged batch (empty, 1 key, rows that see no key,
+    a request the device splits) matches the fp64 reference, fused merge included."""
+    lens = [0, 1, 17, 113, 2049]
+    q, k, v, sl = make_inputs(5, Sq, 2 * G, 2, 128, lens, dtype, "cuda", seed=G + Sq)
+    p = splitkv.plan(sl, 2 * G, 2, 128, q_len=Sq, backend="cutlass", num_sms=8, max_seqlen=2049)
+    assert (p.tile.block_n, p.tile.num_stages) == (128, 3) and p.max_splits > 1
+    o, lse = splitkv.decode(q, k, v, sl, plan=p, return_lse=True, backend="cutlass")
+    assert int(p.num_splits[4]) > 1  # the long request is split on the device
+    ro, rl = decode_reference(q, k, v, sl)
+    base = (decode_lowp(q, k, v, sl).double() - ro).abs().max().item()
+    assert (o.double() - ro).abs().max().item() <= 2 * base + 1e-3
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isinf(lse), ~fin)
+    assert (lse.double()[fin] - rl[fin]).abs().max().item() < 2e-3
+    assert (o.permute(0, 2, 1, 3)[~fin] == 0).all()
 
 
 @pytest.mark.gpu

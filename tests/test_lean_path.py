@@ -305,6 +305,27 @@ def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "cutlass", "triton"])
+def test_back_to_back_plain_decodes_with_new_lengths_are_exact(backend):
+    """Plain decodes issued back to back without a sync, the lengths rewritten on the GPU between
+    them: each call's schedule (launched with programmatic dependent launch ahead of the CuTe split
+    kernel) rewrites the plan's split table only after the previous call's kernels are done with it,
+    so every output matches the reference of its own lengths."""
+    sets = [[4000, 700, 1], [3, 4050, 2000], [0, 17, 4100], [4100, 4100, 4100], [256, 3000, 64]] * 3
+    q, k, v, sl = make_inputs(3, 1, 32, 8, 128, [4100] * 3, BF16, "cuda", nan_tail=False, pad=200)
+    every = torch.tensor(sets, dtype=torch.int32, device="cuda")
+    splitkv.decode(q, k, v, sl, backend=backend)  # compile + plan
+    torch.cuda.synchronize()
+    outs = []
+    for i in range(len(sets)):
+        sl.copy_(every[i])  # on the GPU, in stream order: no host sync between the calls
+        outs.append(splitkv.decode(q, k, v, sl, backend=backend, return_lse=True))
+    torch.cuda.synchronize()
+    for lens, (o, lse) in zip(sets, outs):
+        assert_close_to_reference(o, lse, q, k, v, torch.tensor(lens, dtype=torch.int32, device="cuda"))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["auto", "triton"])
 def test_plain_decodes_captured_together_share_one_schedule(backend):
     """Three layers' plain decode calls in one graph, one lengths tensor: one schedule recorded, and

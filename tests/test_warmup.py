@@ -91,9 +91,10 @@ def test_compile_variant_filters_select_the_model_subset():
     fp8 = _names(head_dims=(128,), dtypes=("bfloat16",), group_sizes=(4,), kv_formats=("e4m3",))
     assert fp8 == {"split_bfloat16_d128_m16_n128_s3_dense_kve4m3", "split_bfloat16_d128_m16_n128_s3_paged_kve4m3",
                    "merge_float32_to_bfloat16_d128", "merge_bfloat16_to_bfloat16_d128"}
-    # GQA 4 x Sq 1 / 4 = 4 / 16 rows -> block_m 16; split (n64 s3) and unsplit (n128 s2) dense tiles, paged n64 s3
+    # GQA 4 x Sq 1 / 4 = 4 / 16 rows -> block_m 16; split (n64 s3), unsplit (n128 s2) and several-wave
+    # (n128 s3) dense tiles, paged n64 s3
     assert names == {"split_bfloat16_d128_m16_n64_s3_dense", "split_bfloat16_d128_m16_n128_s2_dense",
-                     "split_bfloat16_d128_m16_n64_s3_paged",
+                     "split_bfloat16_d128_m16_n128_s3_dense", "split_bfloat16_d128_m16_n64_s3_paged",
                      "merge_float32_to_bfloat16_d128", "merge_bfloat16_to_bfloat16_d128"}
     # the query tile follows group size x Sq: 8 x 4 = 32 rows, 8 x 16 = 128 rows (capped at 64)
     sel = compile_cli.variants(head_dims=(256,), group_sizes=(8,), q_lens=(4, 16), layouts=("paged",))
@@ -156,6 +157,16 @@ def test_warmup_on_gpu_compiles_what_decode_then_uses():
     q = torch.randn(2, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 8192, 8, 128, device="cuda", dtype=torch.bfloat16)
     lens = torch.tensor([8192, 3000], dtype=torch.int32, device="cuda")
+    t0 = time.perf_counter()
+    splitkv.decode(q, k, k, lens)
+    torch.cuda.synchronize()
+    assert time.perf_counter() - t0 < 1.0
+    # a batch that fills the GPU on its own streams whole sequences in waves (heuristics.WAVES_TILE)
+    q = torch.randn(24, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(24, 4096, 8, 128, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((24,), 4096, dtype=torch.int32, device="cuda")
+    p = splitkv.plan(lens, 32, 8, 128)
+    assert p.backend == "cutlass" and (p.tile.block_n, p.tile.num_stages) == splitkv.heuristics.WAVES_TILE
     t0 = time.perf_counter()
     splitkv.decode(q, k, k, lens)
     torch.cuda.synchronize()

@@ -172,22 +172,28 @@ def merge_elems_per_lane(head_dim: int) -> int:
 SMEM_LIMIT = 227 * 1024
 
 
-def tile_for(head_dim: int, splitting: bool = True, paged: bool = False, kv_fp8: bool = False) -> tuple[int, int]:
+def tile_for(head_dim: int, splitting: bool = True, paged: bool = False, kv_fp8: bool = False,
+             waves: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the split kernel: the rule lives in splitkv/heuristics.py."""
-    return H.cutlass_tile(head_dim, splitting, paged, kv_fp8)
+    return H.cutlass_tile(head_dim, splitting, paged, kv_fp8, waves)
 
 
 def split_config(dtype: str, head_dim: int, block_m: int, paged: bool, pdl: bool = H.CUTLASS_PDL,
-                 splitting: bool = True, kv_fp8: str = "") -> SplitConfig:
-    block_n, stages = tile_for(head_dim, splitting, paged, bool(kv_fp8))
+                 splitting: bool = True, kv_fp8: str = "", waves: bool = False) -> SplitConfig:
+    block_n, stages = tile_for(head_dim, splitting, paged, bool(kv_fp8), waves)
     return SplitConfig(dtype, head_dim, block_m, block_n, stages, paged, kv_fp8=kv_fp8, pdl=pdl)
+
+
+# (splitting, waves) of heuristics.cutlass_tile: a split plan, an unsplit one, one streaming in waves
+_TILE_CASES = ((True, False), (False, False), (False, True))
 
 
 def split_variants() -> list[SplitConfig]:
     """Every split kernel the backend can launch (block_m comes from the plan's tile; the tile
-    rule may differ for plans that split and plans that do not), fp8 caches included."""
-    every = [split_config(dt, d, bm, paged, splitting=sp) for dt in DTYPES for d in HEAD_DIMS for bm in BLOCK_MS
-             for paged in (False, True) for sp in (True, False)]
+    rule may differ for plans that split, plans that do not and plans whose CTAs stream whole
+    sequences in several waves), fp8 caches included."""
+    every = [split_config(dt, d, bm, paged, splitting=sp, waves=w) for dt in DTYPES for d in HEAD_DIMS
+             for bm in BLOCK_MS for paged in (False, True) for sp, w in _TILE_CASES]
     every += [split_config(dt, d, bm, paged, kv_fp8=f) for f in KV_FP8_FORMATS[1:] for dt in DTYPES
               for d in FP8_HEAD_DIMS for bm in BLOCK_MS for paged in (False, True)]
     return list({c.name: c for c in every}.values())
