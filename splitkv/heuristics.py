@@ -530,21 +530,25 @@ def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: in
 _UNSPLIT_TILES = {80: (128, 3), 96: (64, 4)}  # (block_n, stages) of D 80 / 96 unsplit contiguous plans
 
 # CuTe D 128 contiguous plans whose CTAs stream whole sequences in several waves (a uniform batch at
-# the bound gets one chunk per request and has more CTAs than SMs): block_n 128 x 3 stages (196 KB,
-# one CTA per SM, two stages in flight while it computes on the third). H200, graph replay, bf16,
-# tile sweeps of 2026-12-04 (results/2026-12-04-h200-layout/tiles_unsplit.md, tiles_mha.md; NOTES
-# #50), the planner's tile vs n128 s3: B=16 MHA 32K 1919.4 us (n128 s2) vs 1902.0 and 1913.5 vs
-# 1898.9; B=64 MHA 4K 964.9 (n64 s3) vs 954.4 and 967.6 vs 956.7; B=16 MHA 4K 246.2 vs 244.3;
-# B=64 GQA 32/8 32K within 0.2%. In one wave (<= 132 CTAs) it is behind: B=4 MHA 32K 479.0 (n128
-# s2) vs 485.1, B=1 MHA 128K 481.3 vs 485.1; those plans keep their tiles.
+# the bound gets one chunk per request, and has more CTAs than WAVES_MIN_CTAS_PER_SM per SM):
+# block_n 128 x 3 stages (196 KB, one CTA per SM, two stages in flight while it computes on the
+# third). H200, graph replay, bf16, tile sweeps of 2026-12-04 (results/2026-12-04-h200-layout/
+# tiles_unsplit.md, tiles_mha.md; NOTES #50), the planner's tile vs n128 s3: B=16 MHA 32K 1919.4 us
+# (n128 s2) vs 1902.0 and 1913.5 vs 1898.9; B=64 MHA 4K 964.9 (n64 s3) vs 954.4 and 967.6 vs 956.7;
+# B=16 MHA 4K 246.2 vs 244.3; B=64 GQA 32/8 32K within 0.2%. Behind in one wave of <= 132 CTAs:
+# B=4 MHA 32K 479.0 (n128 s2) vs 485.1, B=1 MHA 128K 481.3 vs 485.1. A/B in one process after
+# (results/2026-12-04-h200-waves/probe_ab.txt, NOTES #52): B=64 MHA 4K 966.6 -> 957.1, B=16 MHA 4K
+# 246.0 -> 243.9, B=16 MHA 32K 1899.5 -> 1890.5, B=64 GQA 32K 1891.3 -> 1888.5; but B=32 GQA 32/8 4K
+# (256 CTAs: one wave of the split tile's two per SM) 124.7 -> 125.0, hence the threshold of two.
 WAVES_TILE = (128, 3)
+WAVES_MIN_CTAS_PER_SM = 2
 
 
 def streams_in_waves(rule: SplitRule, batch: int, bound: int, groups_per_request: int, num_sms: int,
                      batch_invariant: bool) -> bool:
     """Whether a uniform batch of `batch` requests at the length bound runs one CTA per request and
-    (KV head, m-tile) group, and more of them than there are SMs (cutlass_tile's waves tile)."""
-    if batch_invariant or batch == 0 or batch * groups_per_request <= num_sms:
+    (KV head, m-tile) group, more than WAVES_MIN_CTAS_PER_SM per SM (cutlass_tile's waves tile)."""
+    if batch_invariant or batch == 0 or batch * groups_per_request <= WAVES_MIN_CTAS_PER_SM * num_sms:
         return False
     return rule.max_splits == 1 or uniform_chunk_keys(rule, batch, bound) >= bound
 

@@ -138,12 +138,6 @@ class DecodePlan:
             raise ValueError(f"cache_seqlens: on {cache_seqlens.device}, the plan is for {self.device}")
         self.schedule(cache_seqlens)
 
-    @property
-    def schedule_pdl(self) -> bool:
-        """Whether the device schedule launches with programmatic dependent launch: ahead of the
-        CuTe split kernel (sm90), which waits for it at its first instruction (schedule_kernel.py)."""
-        return self.backend == "cutlass" and H.CUTLASS_PDL
-
     def schedule_if_new(self, cache_seqlens: torch.Tensor) -> None:
         """schedule(), skipped when these are the very lengths of the last schedule, unmodified since
         (the same tensor object, alive all along, with the same version counter) and that schedule
@@ -166,7 +160,7 @@ class DecodePlan:
         if self.device.type == "cuda" and backends.triton_available():
             from .backends.triton.launch import schedule
 
-            schedule(cache_seqlens, self.sched, self.rule, self.launches, self.work, pdl=self.schedule_pdl)
+            schedule(cache_seqlens, self.sched, self.rule, self.launches, self.work)
         else:
             n, chunk = H.schedule(cache_seqlens, self.rule)
             self.num_splits.copy_(n)

@@ -9,8 +9,8 @@ backend it runs a decode that does not split (num_splits=1), one that splits in 
 merge), one with MANY_SPLITS splits (more than any fused-merge limit: the separate merge
 kernel) and one the planner splits itself (num_splits=None). Together these hit the kernels a
 model with those shapes launches, whatever split count the planner picks later. One more decode
-runs a batch that fills the GPU on its own (more requests x KV heads than SMs, FULL_BATCH_KEYS
-each): the plans of such batches stream whole sequences in several waves, on a tile of their own
+runs a batch that fills the GPU on its own (more requests x KV heads than two per SM,
+FULL_BATCH_KEYS each): the plans of such batches stream whole sequences in several waves, on a tile of their own
 (heuristics.WAVES_TILE). Compiled CuTe
 kernels also land in the disk cache (SPLITKV_CACHE_DIR) and Triton's in its own
 (~/.triton/cache), so a later process loads them instead of compiling.
@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
+from . import heuristics as H
 from . import validate
 
 # Split counts each combination decodes with: 1 = the unsplit tile; 2 = the split tile and the
@@ -156,7 +157,7 @@ def _decodes(head_dim, dtype, heads, q_len, is_paged, page_size, backend, device
         keys = max_len if splits is None else max(2, splits) * KEYS_PER_SPLIT
         lens = torch.full((1,), keys, dtype=torch.int32, device=device)
         decode(q, k, k, lens, block_table=block_table, num_splits=splits, backend=backend, **kw)
-    full = device_num_sms(torch.device(device)) // kv_heads + 1  # one request more than fills the SMs
+    full = H.WAVES_MIN_CTAS_PER_SM * device_num_sms(torch.device(device)) // kv_heads + 1  # several waves
     q, k, block_table = inputs(full, FULL_BATCH_KEYS)
     lens = torch.full((full,), FULL_BATCH_KEYS, dtype=torch.int32, device=device)
     decode(q, k, k, lens, block_table=block_table, backend=backend, **kw)

@@ -144,7 +144,7 @@ def test_plans_that_stream_whole_sequences_take_the_unsplit_tile(backend):
 
 def test_cutlass_plans_streaming_whole_sequences_in_waves_take_the_three_stage_tile():
     """D 128 contiguous cutlass plans whose uniform batch at the bound runs one CTA per request and
-    (KV head, m-tile) group, more CTAs than SMs, take WAVES_TILE (n128 s3) whether the grid may split
+    (KV head, m-tile) group, more than two per SM, take WAVES_TILE (n128 s3) whether the grid may split
     or not; one wave, paged caches, other head dims, batch-invariant plans and plans that split at
     the bound keep their tiles."""
     import splitkv
@@ -153,10 +153,10 @@ def test_cutlass_plans_streaming_whole_sequences_in_waves_take_the_three_stage_t
     assert H.cutlass_tile(128, True, False, False, waves=True) == H.WAVES_TILE == (128, 3)
     assert H.cutlass_tile(128, False, True, False, waves=True) == (64, 3)  # paged
     assert H.cutlass_tile(96, True, False, False, waves=True) == (64, 3)  # D 80 / 96: their own tiles
-    rule = H.split_rule(batch=17, groups_per_request=8, block_n=64, max_seqlen=512, num_sms=132)
-    assert H.streams_in_waves(rule, 17, 512, 8, 132, False)  # 136 CTAs of one chunk each
-    assert not H.streams_in_waves(rule, 17, 512, 8, 136, False)  # one wave
-    assert not H.streams_in_waves(rule, 17, 512, 8, 132, True)  # batch-invariant
+    rule = H.split_rule(batch=34, groups_per_request=8, block_n=64, max_seqlen=512, num_sms=132)
+    assert H.streams_in_waves(rule, 34, 512, 8, 132, False)  # 272 CTAs of one chunk each
+    assert not H.streams_in_waves(rule, 34, 512, 8, 136, False)  # two per SM hold them
+    assert not H.streams_in_waves(rule, 34, 512, 8, 132, True)  # batch-invariant
     if not cutlass.available():
         pytest.skip("nvidia-cutlass-dsl not installed (cutlass plans need it)")
 
@@ -166,9 +166,9 @@ def test_cutlass_plans_streaming_whole_sequences_in_waves_take_the_three_stage_t
 
     assert tile(64, 4096, 32, 32) == (128, 3)  # 2048 CTAs (split tile n64 s3 before)
     assert tile(16, 32768, 32, 32) == (128, 3)  # 512 CTAs of 32K keys (n128 s2 before)
-    assert tile(17, 512, 32, 8) == (128, 3)
+    assert tile(34, 512, 32, 8) == (128, 3)
     assert tile(64, 4096, 32, 32, num_splits=1) == (128, 3)
-    assert tile(16, 512, 32, 8) == (64, 3)  # 128 CTAs: one wave
+    assert tile(32, 4096, 32, 8) == (64, 3)  # 256 CTAs: one wave of the split tile's two per SM
     assert tile(4, 32768, 32, 32) == (128, 2)  # one wave of 16K-key chunks
     assert tile(1, 4096, 32, 32, num_splits=1) == (128, 2)
     assert tile(64, 4096, 32, 32, num_splits=2) == (64, 3)  # two chunks per request
@@ -176,20 +176,6 @@ def test_cutlass_plans_streaming_whole_sequences_in_waves_take_the_three_stage_t
     assert tile(64, 4096, 32, 32, batch_invariant=True) == (64, 3)
     assert tile(64, 4096, 32, 32, d=96) == (64, 3)
 
-
-def test_only_cutlass_plans_schedule_with_pdl(monkeypatch):
-    """The device schedule launches with programmatic dependent launch only ahead of the CuTe split
-    kernel (sm90; it waits for the schedule at its first instruction), never ahead of Triton's."""
-    import splitkv
-    from splitkv.backends import cutlass
-
-    lens = torch.full((2,), 8192, dtype=torch.int32)
-    assert not splitkv.plan(lens, 32, 8, 128, backend="triton", num_sms=132).schedule_pdl
-    if not cutlass.available():
-        pytest.skip("nvidia-cutlass-dsl not installed (cutlass plans need it)")
-    assert splitkv.plan(lens, 32, 8, 128, backend="cutlass", num_sms=132).schedule_pdl
-    monkeypatch.setattr(H, "CUTLASS_PDL", False)
-    assert not splitkv.plan(lens, 32, 8, 128, backend="cutlass", num_sms=132).schedule_pdl
 
 
 def test_unsplit_tile_plans_decode_ragged_batches_exactly():

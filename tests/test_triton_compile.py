@@ -36,28 +36,6 @@ def test_all_variants_compile_for_sm90():
             assert r["spill_bytes"] <= (4 if r["HAS_WORK"] else 0), r
 
 
-def test_the_pdl_scheduler_waits_before_it_touches_memory():
-    """The split scheduler of CuTe plans (PDL=True, launched with programmatic dependent launch) runs
-    griddepcontrol.wait before its first global load or store (the previous decode's split kernel
-    may still read the split table) and lets the next grid launch; PDL=False has neither."""
-    import re
-
-    from splitkv.backends.triton.aot import find_ptxas
-
-    if find_ptxas(90) is None:
-        pytest.skip("no usable ptxas for sm_90")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted
-    code = ("import json; from splitkv.backends.triton.aot import schedule_ptx; "
-            "print(json.dumps([schedule_ptx(True), schedule_ptx(False)]))")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    ptx, plain = json.loads(res.stdout.strip().splitlines()[-1])
-    first_mem = re.search(r"\b(ld|st)\.global", ptx).start()
-    assert 0 <= ptx.find("griddepcontrol.wait") < first_mem
-    assert 0 <= ptx.find("griddepcontrol.launch_dependents") < first_mem
-    assert "griddepcontrol" not in plain and re.search(r"\b(ld|st)\.global", plain)
-
-
 def test_fp8_tile_fit_model_matches_the_compiler():
     """heuristics.triton_fp8_fit (how many fp8 split CTAs fit per SM, which decides whether a plan
     aims at three) holds the registers and shared memory ptxas gives the tile under Triton 3.6, the

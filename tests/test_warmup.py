@@ -162,9 +162,9 @@ def test_warmup_on_gpu_compiles_what_decode_then_uses():
     torch.cuda.synchronize()
     assert time.perf_counter() - t0 < 1.0
     # a batch that fills the GPU on its own streams whole sequences in waves (heuristics.WAVES_TILE)
-    q = torch.randn(24, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(24, 4096, 8, 128, device="cuda", dtype=torch.bfloat16)
-    lens = torch.full((24,), 4096, dtype=torch.int32, device="cuda")
+    q = torch.randn(40, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(40, 4096, 8, 128, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((40,), 4096, dtype=torch.int32, device="cuda")
     p = splitkv.plan(lens, 32, 8, 128)
     assert p.backend == "cutlass" and (p.tile.block_n, p.tile.num_stages) == splitkv.heuristics.WAVES_TILE
     t0 = time.perf_counter()

@@ -6,19 +6,24 @@
 2. The several-wave tile (heuristics.WAVES_TILE, n128 s3): large uniform batches, graph replay
    with a graph-safe plan; "off" patches heuristics.streams_in_waves to False (the plan's old tile).
 
+Ran (call 2) on the tree of commit "CuTe plans streaming whole sequences in several waves take n128
+s3 ...", whose DecodePlan.schedule_pdl part 1 toggles; PDL on the scheduler was reverted after this
+run (NOTES #51), so part 1 needs that tree. Its part 2 ran with the waves threshold at one CTA per SM.
 Run from the repository root: PYTHONPATH=. python benchmarks/results/2026-12-04-h200-waves/probe_ab.py
 """
+import importlib
+
 import torch
 
 import splitkv
 from splitkv import execute
 from splitkv import heuristics as H
-from splitkv import plan as P
 from splitkv.bench.inputs import build_case
 from splitkv.bench.shapes import make_shape
 from splitkv.bench.timing import time_eager, time_graph
 
 dev = torch.device("cuda")
+P = importlib.import_module("splitkv.plan")  # the module (splitkv.plan is also the function)
 PDL = P.DecodePlan.schedule_pdl
 WAVES = H.streams_in_waves
 

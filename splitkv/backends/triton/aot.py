@@ -147,17 +147,6 @@ def fp8_tile_resources(head_dim: int, group: int, q_len: int, paged: bool, arch:
     return _resources(_compile_split(cx, tile, arch), arch)
 
 
-def schedule_ptx(pdl: bool, has_work: bool = True, arch: int = 90) -> str:
-    """PTX of the split scheduler (schedule_kernel) with or without its PDL prologue."""
-    from .schedule_kernel import schedule_kernel
-
-    cx = dict(MODE=0, BLOCK_N=64, BLOCK_B=16, SHORT_KEYS=2 * H.MIN_CHUNK_KEYS, CAP=H.MAX_SPLITS, BALANCE=H.BALANCE,
-              HAS_WORK=has_work, BLOCK_W=256, PDL=pdl)
-    sig = {n: "i32" for n in schedule_kernel.arg_names if n not in cx}
-    sig.update(LENS="*i32", SCHED="*i32", WORK="*i32")
-    return _compile(schedule_kernel, sig, cx, arch, 4, 1).asm["ptx"]
-
-
 def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> list[dict]:
     from .merge_kernel import merge_kernel
 

@@ -37,19 +37,15 @@ class FastLauncher:
         self.cache: dict = {}
 
     def __call__(self, grid, tensors: tuple, scalars: tuple, constexprs: dict, num_warps: int,
-                 num_stages: int, launch_pdl: bool = False):
+                 num_stages: int):
         """Launch fn(*tensors, *scalars, **constexprs); constexprs must be the trailing parameters
-        of fn in signature order. launch_pdl: launch with programmatic dependent launch (compiled
-        in: the compiled kernel's launches keep it). Returns the compiled kernel (None under
-        TRITON_INTERPRET)."""
+        of fn in signature order. Returns the compiled kernel (None under TRITON_INTERPRET)."""
         aligned = all((t.data_ptr() & 15) == 0 for t in tensors)
-        key = ((tuple(constexprs.values()), num_warps, num_stages, launch_pdl, tuple(t.dtype for t in tensors),
-                scalars) if aligned else None)
+        key = ((tuple(constexprs.values()), num_warps, num_stages, tuple(t.dtype for t in tensors), scalars)
+               if aligned else None)
         kernel = self.cache.get(key) if key is not None else None
         if kernel is None:
-            opts = {"launch_pdl": True} if launch_pdl else {}
-            kernel = self.fn[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages,
-                                   **opts)
+            kernel = self.fn[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
             if key is not None and kernel is not None:  # None under TRITON_INTERPRET
                 self.cache[key] = kernel
             return kernel
@@ -65,8 +61,7 @@ class Bound:
         self.entries: dict = {}
 
     def launch(self, key, grid, tensors: tuple, aligned: bool, build) -> None:
-        """build() -> (FastLauncher, scalars, constexprs, num_warps, num_stages[, launch_pdl]), called
-        on a miss."""
+        """build() -> (FastLauncher, scalars, constexprs, num_warps, num_stages), called on a miss."""
         hit = self.entries.get(key) if aligned else None
         if hit is not None:
             if hit[2] is not None:
@@ -74,8 +69,8 @@ class Bound:
             else:
                 launch_compiled(hit[0], grid, tensors, hit[1])
             return
-        fl, scalars, cx, warps, stages, *pdl = build()
-        kernel = fl(grid, tensors, scalars, cx, warps, stages, *pdl)
+        fl, scalars, cx, warps, stages = build()
+        kernel = fl(grid, tensors, scalars, cx, warps, stages)
         if aligned and kernel is not None:
             tail = (*scalars, *cx.values())
             self.entries[key] = (kernel, tail, direct(kernel, grid, tail))

@@ -26,11 +26,9 @@ def _merge_block_s(max_splits: int) -> int:
     return min(16, 1 << max(0, (max_splits - 1).bit_length()))
 
 
-def schedule(cache_seqlens, sched, rule, bound: Bound | None = None, work=None, pdl: bool = False) -> None:
+def schedule(cache_seqlens, sched, rule, bound: Bound | None = None, work=None) -> None:
     """sched [2, >= B] <- (num_splits, chunk_lens) of heuristics.schedule, computed on the device;
-    and work [2, items] <- heuristics.work_list of them, where given. pdl (sm90, ahead of a kernel
-    that waits for it: the CuTe split kernel): launched with programmatic dependent launch, the
-    kernel waits for the previous grid before it reads or writes, then lets the next one launch."""
+    and work [2, items] <- heuristics.work_list of them, where given."""
     B = cache_seqlens.shape[0]
     if B == 0:
         return
@@ -42,14 +40,14 @@ def schedule(cache_seqlens, sched, rule, bound: Bound | None = None, work=None, 
                             rule.chunk_tiles, rule.target, rule.ragged_target, rule.min_tiles, rule.span_cap),
                 dict(MODE=_MODES[rule.mode], BLOCK_N=rule.block_n, BLOCK_B=block_b,
                      SHORT_KEYS=rule.short_keys, CAP=rule.cap, BALANCE=rule.balance, HAS_WORK=work is not None,
-                     BLOCK_W=max(16, 4096 // block_b), PDL=pdl and not _INTERPRET), 4, 1, pdl and not _INTERPRET)
+                     BLOCK_W=max(16, 4096 // block_b)), 4, 1)
 
     tensors = (cache_seqlens, sched, work if work is not None else sched)
     if bound is None:
-        fl, *args = build()
-        fl((1,), tensors, *args)
+        fl, scalars, cx, w, st = build()
+        fl((1,), tensors, scalars, cx, w, st)
         return
-    bound.launch(("schedule", cache_seqlens.stride(0), pdl), (1,), tensors,  # a Bound is one plan's: one rule
+    bound.launch(("schedule", cache_seqlens.stride(0)), (1,), tensors,  # a Bound is one plan's: one rule
                  (cache_seqlens.data_ptr() & 15) == 0, build)
 
 

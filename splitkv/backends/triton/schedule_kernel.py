@@ -12,12 +12,6 @@ MODE 0 auto (balanced from the total work), 1 forced (SPLITS splits), 2 fixed ch
 WORK (auto plans whose grid is a work list, heuristics.work_items): also WORK int32 [2, s_work],
 the (request, split) of each of the batch's splits in request order and -1 past the last
 (heuristics.work_list), for the first `items` columns.
-
-PDL (plans of the CuTe kernels, sm90): launched with programmatic dependent launch, the program
-waits for the previous grid to complete before it touches memory (griddepcontrol.wait: the
-previous decode's split kernel may still read this plan's SCHED / WORK), then lets the next grid
-launch (griddepcontrol.launch_dependents): the CuTe split kernel, whose first instruction waits
-for this grid to complete, is resident while the schedule runs instead of launching after it.
 """
 
 import triton
@@ -51,10 +45,7 @@ _INTS = ("B", "s_len", "s_row", "s_work", "items", "max_splits", "splits", "chun
 def schedule_kernel(LENS, SCHED, WORK, B, s_len, s_row, s_work, items, max_splits, splits, chunk_tiles, target,
                     ragged_target, min_tiles, span_cap, MODE: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_B: tl.constexpr, SHORT_KEYS: tl.constexpr, CAP: tl.constexpr, BALANCE: tl.constexpr,
-                    HAS_WORK: tl.constexpr, BLOCK_W: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # launched with programmatic dependent launch (sm90): see the module docstring
-        tl.extra.cuda.gdc_wait()  # the previous grid (a split kernel reading SCHED / WORK) has completed
-        tl.extra.cuda.gdc_launch_dependents()  # the split kernel may launch; it waits for this grid to end
+                    HAS_WORK: tl.constexpr, BLOCK_W: tl.constexpr):
     offs = tl.arange(0, BLOCK_B)
     ok = offs < B
     L = tl.maximum(tl.load(LENS + offs.to(tl.int64) * s_len, mask=ok, other=0), 0)
