@@ -41,8 +41,8 @@ def bench_parser() -> argparse.ArgumentParser:
                                        "CUDA, torch on CPU)")
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16, fp16 (default: bf16)")
     ap.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
-    ap.add_argument("--reps", type=_int_at_least(1), default=None, help="cap on timed repetitions / graph replays "
-                                                           "(default 20; 3 for --suite quick)")
+    ap.add_argument("--reps", type=_int_at_least(1), default=None, help="cap on graph replays, and on eager repetitions "
+                                                           "/ 10 (default 20; 3 for --suite quick)")
     ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
     ap.add_argument("--no-host", action="store_true",
                     help="skip host timing (CPU µs per call of a launch loop without synchronising)")

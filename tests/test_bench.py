@@ -231,6 +231,18 @@ def test_provider_selection_and_cli_errors():
     assert cli.main(["--quick", "--list", "--device", "cpu"]) == 0
 
 
+def test_eager_timing_may_run_ten_times_the_cap_on_short_calls():
+    """Eager repetitions are cheap (a call plus a flush): a short call runs EAGER_CAP_FACTOR x the cap,
+    a call whose repetitions would pass TARGET_MS runs fewer."""
+    import time
+
+    from splitkv.bench import timing
+
+    cpu = torch.device("cpu")
+    assert timing.time_eager(lambda: None, cpu, 2)[1] == 2 * timing.EAGER_CAP_FACTOR
+    assert timing.time_eager(lambda: time.sleep(timing.TARGET_MS / 4e3), cpu, 20)[1] < 20
+
+
 def test_graph_rows_check_the_graph_safe_output(monkeypatch):
     """The graph branch (CUDA-only timing) with the timer faked: a graph-safe plan over rotation sets,
     and the captured output is checked against the reference like the eager one."""

@@ -3,7 +3,7 @@
 Eager follows triton.testing.do_bench's method, with the repetition count capped explicitly: a
 256 MB memset evicts the L2 before every repetition, CUDA events bracket only the call, and the
 median is reported. The count adapts so one measurement takes about TARGET_MS (at least
-MIN_REPS, at most the caller's cap). On a CPU the same loop runs with perf_counter and no flush.
+MIN_REPS, at most EAGER_CAP_FACTOR x the caller's cap). On a CPU the same loop runs with perf_counter and no flush.
 
 Graph: N calls are captured in one CUDA graph (on the stream that ran the warm-up calls), cycling
 over rotating tensor sets whose total size exceeds the L2 several times (inputs.ROTATION_BYTES),
@@ -26,6 +26,10 @@ import torch
 L2_FLUSH_BYTES = 256 * 2**20  # do_bench's cache-clearing buffer: 5x the H200's 50 MB L2
 TARGET_MS = 30.0  # time one measurement aims for; keeps the default suite within ~4 minutes
 MIN_REPS = 3
+# Eager repetitions may run to this many times the caller's cap (TARGET_MS still bounds them): a
+# small shape's call plus its flush takes ~0.1 ms, so 20 repetitions left its median ~0.5 us noisy
+# on 15-18 us rows (H200, 2026-12-04: B=1 GQA 32/8 4K no plan 16.6 us in one run, 15.3 at 200 reps).
+EAGER_CAP_FACTOR = 10
 MIN_GRAPH_CALLS = 4  # calls per graph when one rotation set alone exceeds ROTATION_BYTES
 HOST_TARGET_MS = 20.0  # wall time one host loop aims for
 HOST_MIN_CALLS = 10
@@ -50,7 +54,9 @@ def _reps(est_ms: float, cap: int) -> int:
 
 
 def time_eager(fn, device: torch.device, reps: int) -> tuple[float, int]:
-    """(median us, repetitions) of fn() with the L2 flushed before each call."""
+    """(median us, repetitions) of fn() with the L2 flushed before each call; at most
+    EAGER_CAP_FACTOR x reps repetitions."""
+    reps *= EAGER_CAP_FACTOR
     if device.type != "cuda":
         fn()
         t0 = time.perf_counter()
