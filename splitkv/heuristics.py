@@ -503,16 +503,31 @@ LONG_CHUNK_KEYS = 16384
 
 
 @functools.lru_cache(maxsize=4096)
-def uniform_chunk_keys(rule: "SplitRule", batch: int, bound: int) -> int:
-    """Keys per CTA that `schedule` gives a batch of `batch` requests all `bound` long (memoised: a
-    pure function of its arguments, and the schedule's search costs ~0.2 ms of host time)."""
+def uniform_schedule(rule: "SplitRule", batch: int, bound: int) -> tuple[int, int]:
+    """(splits per request, keys per CTA) that `schedule` gives a batch of `batch` requests all
+    `bound` long (memoised: a pure function of its arguments, and the schedule's search costs ~0.2 ms
+    of host time)."""
     if batch == 0:
-        return 0
-    _, chunk = schedule(torch.full((batch,), bound, dtype=torch.int32), rule)
-    return int(chunk[0])
+        return 0, 0
+    n, chunk = schedule(torch.full((batch,), bound, dtype=torch.int32), rule)
+    return int(n[0]), int(chunk[0])
 
 
-def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: int, batch_invariant: bool) -> bool:
+def uniform_chunk_keys(rule: "SplitRule", batch: int, bound: int) -> int:
+    """Keys per CTA that `schedule` gives a batch of `batch` requests all `bound` long."""
+    return uniform_schedule(rule, batch, bound)[1]
+
+
+# The long-chunk evidence above is of grids that a uniform batch fills only in part (B=4 MHA 32K:
+# 128 of 2048 CTAs work; B=16 GQA 128K: 128 of 8192). In a grid whose every CTA works at the bound
+# the CuTe split tile streams long chunks better: H200, graph replay, 2026-12-04
+# (results/2026-12-04-h200-layout/tiles_unsplit.md), B=1 MHA 128K (4 splits of 32K keys per KV head,
+# 128 CTAs, all working): n64 s3 472.3 us vs n128 s2 481.3 and n128 s3 485.1; NOTES #55.
+DENSE_LONG_CHUNKS_SPLIT_TILE_DIMS = (128,)
+
+
+def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: int, batch_invariant: bool,
+                            head_dim: int = 128, items: int | None = None) -> bool:
     """Whether a plan takes its backend's unsplit tile although its grid may split (the tile is fixed
     when the plan is made, the split counts only on the device): the CTAs of a uniform batch at the
     length bound stream long chunks: chunks >= LONG_CHUNK_KEYS, and for Triton also one chunk
@@ -520,11 +535,16 @@ def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: in
     bf16 D 128, results/2026-12-02-h200-tune/tiles.md), split tile 64x4x3 vs unsplit 128x4x3:
     B=16 MHA 32K 2296.1 vs 1854.7 us, B=64 GQA 32/8 32K 2253.4 vs 1846.0, B=16 MHA 4K 288.1 vs 244.0,
     paged 16 B=16 MHA 32K 2403.2 vs 2018.1; plans that split keep 64x4x3 (B=1 GQA 32K, 32 chunks
-    of 1K keys: 39.7 vs 45.4). Batch-invariant plans keep one tile whatever the batch and bound."""
+    of 1K keys: 39.7 vs 45.4). Batch-invariant plans keep one tile whatever the batch and bound.
+    CuTe D 128 plans whose grid (items: its work list's length, else batch x max_splits columns)
+    works in full at the bound keep the split tile (DENSE_LONG_CHUNKS_SPLIT_TILE_DIMS)."""
     if batch_invariant or batch == 0:
         return False
-    chunk = uniform_chunk_keys(rule, batch, bound)
-    return chunk >= LONG_CHUNK_KEYS or (backend != "cutlass" and chunk >= bound)
+    splits, chunk = uniform_schedule(rule, batch, bound)
+    if backend != "cutlass":
+        return chunk >= LONG_CHUNK_KEYS or chunk >= bound
+    dense = batch * splits >= (items or batch * rule.max_splits)
+    return chunk >= LONG_CHUNK_KEYS and not (dense and head_dim in DENSE_LONG_CHUNKS_SPLIT_TILE_DIMS)
 
 
 _UNSPLIT_TILES = {80: (128, 3), 96: (64, 4)}  # (block_n, stages) of D 80 / 96 unsplit contiguous plans

@@ -285,7 +285,9 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     tile, m_tiles, rule, bps = _rule(name, prob, **kw)
     paged = prob.page_size is not None
     splitting = rule.max_splits > 1 or batch_invariant  # batch-invariant: one tile whatever the grid
-    whole = splitting and H.streams_whole_sequences(name, rule, prob.batch, prob.max_seqlen, batch_invariant)
+    items = (H.work_items(rule, prob.batch) or 0) if name != "torch" else 0
+    whole = splitting and H.streams_whole_sequences(name, rule, prob.batch, prob.max_seqlen, batch_invariant,
+                                                    prob.head_dim, items)
     if name == "cutlass":
         waves = H.streams_in_waves(rule, prob.batch, prob.max_seqlen, prob.num_kv_heads * m_tiles, kw["num_sms"],
                                    batch_invariant)
@@ -301,7 +303,6 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     # path for a batch-invariant plan: the merge kernel
     B, S = prob.batch, rule.max_splits
     pad = -(-max(B, 1) // 4) * 4  # 16-byte aligned rows: Triton specialises pointers on alignment
-    items = (H.work_items(rule, B) or 0) if name != "torch" else 0
 
     def tensors():
         sched = torch.ones(2, pad, dtype=torch.int32, device=device)

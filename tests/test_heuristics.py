@@ -117,9 +117,10 @@ def test_print_plan(capsys, monkeypatch):
 @pytest.mark.parametrize("backend", ["triton", "cutlass"])
 def test_plans_that_stream_whole_sequences_take_the_unsplit_tile(backend):
     """A plan's grid may split, but when a uniform batch at its bound gets one chunk per request
-    (triton) or chunks of >= LONG_CHUNK_KEYS (both) its CTAs stream whole sequences and
-    the backend's unsplit tile (block_n 128) serves them; plans that split keep block_n 64, and a
-    batch-invariant plan keeps one tile whatever the batch."""
+    (triton) or chunks of >= LONG_CHUNK_KEYS (both; cutlass D 128: in a grid of which the uniform
+    batch leaves CTAs empty) its CTAs stream whole sequences and the backend's unsplit tile
+    (block_n 128) serves them; plans that split keep block_n 64, and a batch-invariant plan keeps
+    one tile whatever the batch."""
     import splitkv
     from splitkv.backends import cutlass
 
@@ -136,6 +137,10 @@ def test_plans_that_stream_whole_sequences_take_the_unsplit_tile(backend):
     assert tile(4, 32768, 32, 32)[0] == 128  # 2 chunks of 16K keys
     assert tile(16, 131072, 32, 8)[0] == 128  # 2 chunks of 64K keys
     assert tile(1, 131072, 32, 8)[0] == 64  # 16-33 chunks of 4-8K keys
+    # 4 chunks of 32K keys per KV head: a grid that works in full at the bound, where CuTe's split
+    # tile streams long chunks better (heuristics.DENSE_LONG_CHUNKS_SPLIT_TILE_DIMS); Triton's is 128
+    assert tile(1, 131072, 32, 32)[0] == (64 if backend == "cutlass" else 128)
+    assert tile(4, 131072, 32, 8)[0] == (64 if backend == "cutlass" else 128)  # a work list of 16 such items
     if backend == "triton":
         bn, splits = tile(16, 4096, 32, 32)
         assert bn == 128 and splits > 1  # a split grid of which a uniform batch uses one split per request
