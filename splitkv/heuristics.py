@@ -522,7 +522,9 @@ def uniform_chunk_keys(rule: "SplitRule", batch: int, bound: int) -> int:
 # 128 of 2048 CTAs work; B=16 GQA 128K: 128 of 8192). In a grid whose every CTA works at the bound
 # the CuTe split tile streams long chunks better: H200, graph replay, 2026-12-04
 # (results/2026-12-04-h200-layout/tiles_unsplit.md), B=1 MHA 128K (4 splits of 32K keys per KV head,
-# 128 CTAs, all working): n64 s3 472.3 us vs n128 s2 481.3 and n128 s3 485.1; NOTES #55.
+# 128 CTAs, all working): n64 s3 472.3 us vs n128 s2 481.3 and n128 s3 485.1; same-call sweeps after
+# (results/2026-12-04-h200-waves/dense_tiles_call*.md, NOTES #55): B=1 MHA 128K 467.5 vs 472.1,
+# B=4 GQA 32/8 128K (a work list of 4 x 32K-key items) 465.3 vs 470.7, GQA 64/8 466.3 vs 471.9.
 DENSE_LONG_CHUNKS_SPLIT_TILE_DIMS = (128,)
 
 
