@@ -182,7 +182,6 @@ def test_cutlass_plans_streaming_whole_sequences_in_waves_take_the_three_stage_t
     assert tile(64, 4096, 32, 32, d=96) == (64, 3)
 
 
-
 def test_unsplit_tile_plans_decode_ragged_batches_exactly():
     """A Triton plan that took the 128-key tile because a uniform batch at its bound streams whole
     sequences still splits a ragged batch on the device (chunks sized in the rule's tiles): every

@@ -308,9 +308,9 @@ def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
 @pytest.mark.parametrize("backend", ["auto", "cutlass", "triton"])
 def test_back_to_back_plain_decodes_with_new_lengths_are_exact(backend):
     """Plain decodes issued back to back without a sync, the lengths rewritten on the GPU between
-    them: each call's schedule (launched with programmatic dependent launch ahead of the CuTe split
-    kernel) rewrites the plan's split table only after the previous call's kernels are done with it,
-    so every output matches the reference of its own lengths."""
+    them: each call's schedule rewrites the plan's split table (and work list) in stream order, after
+    the previous call's kernels are done with it, so every output matches the reference of its own
+    lengths."""
     sets = [[4000, 700, 1], [3, 4050, 2000], [0, 17, 4100], [4100, 4100, 4100], [256, 3000, 64]] * 3
     q, k, v, sl = make_inputs(3, 1, 32, 8, 128, [4100] * 3, BF16, "cuda", nan_tail=False, pad=200)
     every = torch.tensor(sets, dtype=torch.int32, device="cuda")
