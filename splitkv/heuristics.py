@@ -529,7 +529,7 @@ DENSE_LONG_CHUNKS_SPLIT_TILE_DIMS = (128,)
 
 
 def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: int, batch_invariant: bool,
-                            head_dim: int = 128, items: int | None = None) -> bool:
+                            head_dim: int, items: int) -> bool:
     """Whether a plan takes its backend's unsplit tile although its grid may split (the tile is fixed
     when the plan is made, the split counts only on the device): the CTAs of a uniform batch at the
     length bound stream long chunks: chunks >= LONG_CHUNK_KEYS, and for Triton also one chunk
@@ -538,8 +538,8 @@ def streams_whole_sequences(backend: str, rule: SplitRule, batch: int, bound: in
     B=16 MHA 32K 2296.1 vs 1854.7 us, B=64 GQA 32/8 32K 2253.4 vs 1846.0, B=16 MHA 4K 288.1 vs 244.0,
     paged 16 B=16 MHA 32K 2403.2 vs 2018.1; plans that split keep 64x4x3 (B=1 GQA 32K, 32 chunks
     of 1K keys: 39.7 vs 45.4). Batch-invariant plans keep one tile whatever the batch and bound.
-    CuTe D 128 plans whose grid (items: its work list's length, else batch x max_splits columns)
-    works in full at the bound keep the split tile (DENSE_LONG_CHUNKS_SPLIT_TILE_DIMS)."""
+    CuTe D 128 plans whose grid (items: its work list's length, 0 without one: batch x max_splits
+    columns) works in full at the bound keep the split tile (DENSE_LONG_CHUNKS_SPLIT_TILE_DIMS)."""
     if batch_invariant or batch == 0:
         return False
     splits, chunk = uniform_schedule(rule, batch, bound)
@@ -614,7 +614,7 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_
         block_n, stages = (128, 3) if padded <= 128 else (64, 3)
     elif padded == 64:
         block_n, stages = 128, 3
-    elif padded == 128 and waves and head_dim == 128 and not paged:
+    elif waves and head_dim == 128 and not paged:
         block_n, stages = WAVES_TILE
     elif padded == 128:
         block_n, stages = (64, 3) if splitting or paged else _UNSPLIT_TILES.get(head_dim, (128, 2))
