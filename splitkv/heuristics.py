@@ -80,12 +80,14 @@ FEW_SPLITS = 4
 # What the Triton fp8 split tile (tile_config(kv_fp8=True): block_n 128, 4 warps) holds per CTA, from
 # ptxas for sm_90 under Triton 3.6 (the version CI and the GPU run; tests/test_triton_compile.py
 # holds this table to the compiler): registers per thread and shared bytes (contiguous, 3 stages;
-# paged, 5 stages: +1 KB of block-table entries). At head dim 128 ptxas gives 168 registers for GQA
-# group 4 at Sq 1 (GQA 32/8) but 197-204 for every other (group, Sq) tried (1/1, 2/1, 8/1, 16/1,
-# 1/4, 2/2): two fit, and a plan sized for three there would run a second wave. Other Triton
-# versions allocate differently (3.9: 192-205 at every group), so the 168 entry holds for 3.6 only.
-# The paged tile at group 4 also fits three (168 registers, 73 KB).
-TRITON_FP8_TILE_REGS = {(64, None): 128, (128, (4, 1)): 168, (128, None): 208}  # (padded D, (group, Sq))
+# paged, 5 stages: +1 KB of block-table entries). The tile reads V by int16 words (split_kernel
+# V_PAIRS): at head dim 128 ptxas gives 184-202 registers for GQA group 1, 2 and 4 and Sq 2 or 4
+# (two fit), and 168 for groups 8 and 16 at Sq 1 (three fit; one word spilled before the key loop).
+# The byte-by-byte V read before it took 168 at group 4 (three fit), where the two-per-SM V_PAIRS tile
+# is faster anyway (H200, B=16 GQA 32/8 32K e4m3: 292.8 us before, 248.0 after; the V_PAIRS tile held
+# to 168 registers by maxnreg and planned for three, 254.1; results/2026-12-04-h200-fp8v/). Other
+# Triton versions allocate differently, so the (group, Sq) entries hold for 3.6 only.
+TRITON_FP8_TILE_REGS = {(64, None): 128, (128, (8, 1)): 168, (128, (16, 1)): 168, (128, None): 202}
 TRITON_FP8_TILE_SMEM = {64: 38 * 1024, 128: 72 * 1024}
 SM90_REGS_PER_SM = 65536
 

@@ -116,23 +116,25 @@ def test_cutlass_takes_fp8_caches_at_its_head_dims():
 
 def test_triton_fp8_plans_aim_at_three_ctas_per_sm_where_requests_get_few_splits():
     """heuristics.TRITON_FP8_BLOCKS_PER_SM: an fp8 batch (contiguous or paged) whose requests get <=
-    FEW_SPLITS splits at two per SM is planned for three where three fit (B=16 GQA 32/8: 3 splits
-    each); one that splits widely (B=1), bf16 and tiles of which two fit keep two."""
+    FEW_SPLITS splits at two per SM is planned for three where three fit (B=16 GQA 64/8, group 8: the
+    168-register tile, 3 splits each); one that splits widely (B=1), bf16 and tiles of which two fit
+    (GQA 32/8, MHA, Sq 4: 184-202 registers) keep two."""
     fp8 = dict(kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0, num_sms=132, backend="triton")
     b16 = torch.full((16,), 32768, dtype=torch.int32)
-    p = splitkv.plan(b16, 32, 8, 128, **fp8)
+    p = splitkv.plan(b16, 64, 8, 128, **fp8)
     if not heuristics._triton_36():  # the 168-register tile is Triton 3.6's: other versions fit two
-        assert p.rule.target == 33 and p.num_splits.tolist() == [2] * 16 and heuristics.triton_fp8_fit(128, 4) == 2
+        assert p.rule.target == 33 and p.num_splits.tolist() == [2] * 16 and heuristics.triton_fp8_fit(128, 8) == 2
         return
     assert p.rule.target == 49 and p.num_splits.tolist() == [3] * 16  # 396 = 3 x 132 CTAs
-    assert splitkv.plan(b16, 32, 8, 128, paged=True, **fp8).num_splits.tolist() == [3] * 16
-    assert splitkv.plan(b16, 32, 8, 128, num_sms=132, backend="triton").num_splits.tolist() == [2] * 16
-    one = splitkv.plan(torch.tensor([131072], dtype=torch.int32), 32, 8, 128, **fp8)
+    assert splitkv.plan(b16, 64, 8, 128, paged=True, **fp8).num_splits.tolist() == [3] * 16
+    assert splitkv.plan(b16, 64, 8, 128, num_sms=132, backend="triton").num_splits.tolist() == [2] * 16
+    one = splitkv.plan(torch.tensor([131072], dtype=torch.int32), 64, 8, 128, **fp8)
     assert one.rule.target == 33 and one.num_splits.tolist() == [32]  # 128-key tiles: 1024 = 32 x 32
-    # never more than fit: with one packed row (MHA) or eight (GQA 64/8) the tile takes 200-204
-    # registers and two fit (heuristics.triton_fp8_fit), so those keep the two-per-SM plan
+    # never more than fit: two fit for GQA 32/8 (group 4), MHA and Sq 4 (heuristics.triton_fp8_fit)
     b4 = torch.full((4,), 32768, dtype=torch.int32)
+    assert splitkv.plan(b16, 32, 8, 128, **fp8).num_splits.tolist() == [2] * 16
+    assert splitkv.plan(b16, 32, 8, 128, paged=True, **fp8).num_splits.tolist() == [2] * 16
     assert splitkv.plan(b4, 32, 32, 128, **fp8).num_splits.tolist() == [2] * 4  # 264 // 32 CTAs, not 396
-    assert splitkv.plan(b16, 64, 8, 128, **fp8).num_splits.tolist() == [2] * 16
     assert splitkv.plan(b4, 32, 32, 128, q_len=4, **fp8).num_splits.tolist() == [2] * 4  # MHA, Sq 4: two fit
-    assert heuristics.triton_fp8_fit(128, 4) == 3 and heuristics.triton_fp8_fit(128, 1) == 2
+    assert heuristics.triton_fp8_fit(128, 8) == 3 and heuristics.triton_fp8_fit(128, 4) == 2
+    assert heuristics.triton_fp8_fit(128, 1) == 2

@@ -89,6 +89,38 @@ def test_gpu_triton_fp8_matches_reference(fp8, per_head, case):
     test_decode_on_fp8_cache_matches_reference("triton", fp8, per_head, case, device="cuda")
 
 
+@pytest.mark.skipif(not backends.triton_available(), reason="needs triton")
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_fp8_v_is_read_by_words_only_where_no_word_straddles_two_rows(fp8, device="cpu"):
+    """The Triton split kernel reads fp8 V as int16 words of two columns (split_kernel V_PAIRS)
+    where every stride but D's and the data pointer are even; an odd row stride or an odd start
+    takes the byte-by-byte read, and both match the reference (the word read itself runs on the GPU:
+    the interpreter splits the columns of a byte read)."""
+    from splitkv.backends.triton.launch import _v_pairs
+    from splitkv.variants import Variant
+
+    B, Hq, Hkv, D, lens = 2, 8, 2, 64, [300, 77]
+    q, k, v, sl, ks, vs = _fp8_inputs(B, 1, Hq, Hkv, D, lens, fp8, device=device)
+    var = Variant(k_scale=ks, v_scale=vs)  # per-tensor scales: fp8 == "tensor"
+    wide = torch.zeros(B, v.shape[1], Hkv, D + 1, dtype=fp8, device=device)  # row stride D + 1: odd
+    wide[..., :D] = v
+    shifted = torch.zeros(v.numel() + 1, dtype=fp8, device=device)[1:].view(v.shape)  # odd data pointer
+    shifted.copy_(v)
+    assert _v_pairs(v, var) and not _v_pairs(wide[..., :D], var) and not _v_pairs(shifted, var)
+    assert not _v_pairs(v, Variant())  # bf16 caches never
+    ro, rl = decode_reference(q, k, v, sl, k_scale=ks, v_scale=vs)
+    for vv in (v, wide[..., :D], shifted):
+        o, lse = splitkv.decode(q, k, vv, sl, k_scale=ks, v_scale=vs, return_lse=True, num_splits=2,
+                                backend="triton")
+        _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_gpu_fp8_v_word_read_and_byte_read_match_reference(fp8):
+    test_fp8_v_is_read_by_words_only_where_no_word_straddles_two_rows(fp8, device="cuda")
+
+
 @pytest.mark.parametrize("fp8", FP8, ids=str)
 def test_append_quantises_like_torch_casts(fp8):
     # the torch append here; the Triton kernel on the H200 below (Triton's CPU interpreter rounds

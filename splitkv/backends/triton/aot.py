@@ -120,7 +120,7 @@ def _split_constexprs(D, rows, paged, causal, splitting, var, whole=False):
                 BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
                 PAGE_ALIGNED=paged and not var["WINDOW"] and H.aligned_page_lookup(var["KV_FP8"], D),
                 CAUSAL=causal, UPCAST=False, FUSED_MERGE=splitting, BLOCK_D=1 << (D - 1).bit_length(),
-                **var, HAS_WORK=splitting), tile
+                **var, HAS_WORK=splitting, V_PAIRS=var["KV_FP8"], E5M2=False), tile
 
 
 def _compile_split(cx: dict, tile, arch: int, dtype: str = "bf16"):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from ...constants import LOG2E
 from ...variants import PLAIN
 from .extend_kernel import extend_kernel
@@ -19,6 +21,7 @@ _merge = FastLauncher(merge_kernel)
 _schedule = FastLauncher(schedule_kernel)
 _extend = FastLauncher(extend_kernel)
 _MODES = {"auto": 0, "forced": 1, "fixed": 2}
+V_PAIRS = True  # fp8 V by int16 words (split_kernel V_PAIRS); False: byte by byte, as before
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read when triton is imported, as Triton does
 
 
@@ -91,6 +94,14 @@ def _split_key(q, k_cache, v_cache, block_table, out, scale, causal, variant=PLA
             block_table.stride(0) if paged else -1, causal, scale, q.dtype, k_cache.dtype, variant.kernel_key())
 
 
+def _v_pairs(v_cache, variant) -> bool:
+    """fp8 V read as int16 words of two columns (split_kernel V_PAIRS): every stride but D's (1) and the data
+    pointer even, so no word straddles two rows. Only an aligned call's launch is cached (Bound), and
+    16-byte alignment implies an even pointer."""
+    return (variant.fp8 is not None and v_cache.shape[-1] % 2 == 0 and all(s % 2 == 0 for s in v_cache.stride()[:-1])
+            and v_cache.data_ptr() % 2 == 0)
+
+
 def _page_aligned(page_size: int, block_n: int, plan) -> bool:
     """PAGE_ALIGNED: the plan allows the aligned page lookup and every key tile starts at a multiple
     of min(page_size, block_n) keys (splits start at multiples of the rule's block_n: its chunk
@@ -146,7 +157,8 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                   CAUSAL=bool(causal and Sq > 1),
                   UPCAST=_INTERPRET, FUSED_MERGE=plan.fuse, BLOCK_D=_block_d(D), SOFTCAP=cap > 0,
                   ALIBI=slopes is not None, WINDOW=variant.windowed, SINKS=sinks is not None,
-                  KV_FP8=variant.fp8 is not None, SCALE_PER_HEAD=per_head, HAS_WORK=plan.work is not None)
+                  KV_FP8=variant.fp8 is not None, SCALE_PER_HEAD=per_head, HAS_WORK=plan.work is not None,
+                  V_PAIRS=V_PAIRS and _v_pairs(v_cache, variant), E5M2=v_cache.dtype == torch.float8_e5m2)
         return _split, scalars, cx, tile.num_warps, tile.num_stages
 
     plan.launches.launch(("split", key), grid, tensors, aligned, build)

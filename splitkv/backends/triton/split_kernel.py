@@ -18,6 +18,14 @@ values on sm_90, e4m3 -> bf16 three (via fp16): H200, B=16 GQA 32K contiguous, b
 380-435 us in fp16 vs 497-515 in bf16 (benchmarks/results/2026-12-02-h200-fp8/fp8_tiles.json).
 k_scale is folded into qk_mul, v_scale (v_mul) into the normalised output; SCALE_PER_HEAD: both
 loaded per KV head (one per program).
+V_PAIRS (fp8, where every V stride but D's and the pointer are even: launch._v_pairs): V is read as
+int16 words [BLOCK_N, BLOCK_D / 2], each two columns of one key. For P @ V the dot needs pairs of
+keys per column, which sm_90 cannot load from fp8 bytes (no 8-bit ldmatrix.trans): read byte by
+byte, V took 132 shared loads per thread per tile. As 16-bit words ldmatrix.trans loads them, one
+byte permute per two words gathers the even columns' bytes and the odd ones', one cvt per half
+converts them (_fp8_pairs), and two dots over half the columns each (acc, acc2) replace one; the
+epilogue interleaves them back. sm_90 SASS of the key loop (D 128, group 4): 1094 -> 717
+instructions; H200, B=1 GQA 32/8 128K e4m3 84.7 -> 70.2 us (results/2026-12-04-h200-fp8v/).
 Head dims: any D, padded to BLOCK_D (a power of 2) in registers; columns past D are masked.
 with all qhead_per_kvhead query heads of the KV head x Sq tokens packed as the M rows of one
 tile (row r -> token r // G, head kvh * G + r % G), so each K/V byte is read once per KV head.
@@ -59,15 +67,34 @@ def _tanh(x):
 
 
 @triton.jit
-def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc, qk_mul, cap_mul, slope,
+def _fp8_pairs(w, E5M2: tl.constexpr):
+    """int16 words of two fp8 values (low byte: even column) -> (even, odd) fp16. Two words of
+    consecutive keys share a 32-bit register: one byte permute puts the even columns' bytes in its
+    low half and the odd ones' in its high half, and one cvt per half converts each pair."""
+    if E5M2:
+        cvt: tl.constexpr = "cvt.rn.f16x2.e5m2x2"
+    else:
+        cvt: tl.constexpr = "cvt.rn.f16x2.e4m3x2"
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; .reg .b16 lo, hi; prmt.b32 t, $2, 0, 0x3120; mov.b32 {lo, hi}, t; "
+        + cvt + " $0, lo; " + cvt + " $1, hi; }",
+        "=r,=r,r", [w], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+
+
+@triton.jit
+def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc, acc2, qk_mul, cap_mul, slope,
                  win_left, win_right, s_kb, s_kn, s_vb, s_vn, s_btb,
                  BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                 WINDOW: tl.constexpr, KV_FP8: tl.constexpr):
+                 WINDOW: tl.constexpr, KV_FP8: tl.constexpr, V_PAIRS: tl.constexpr, E5M2: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """One key tile [n0, min(n0 + BLOCK_N, end)) of the online softmax (keys past end are never
     read); returns the updated (m, l, acc). Scores are in base 2 (qk_mul, cap_mul, slope carry LOG2E)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < end
+    if V_PAIRS and not UPCAST:  # V is read as int16 words: its row offsets in units of two bytes
+        s_vb = s_vb // 2
+        s_vn = s_vn // 2
     if PAGED:
         bt_row = BT + b.to(tl.int64) * s_btb
         if PAGE_ALIGNED and PAGE_SIZE <= BLOCK_N:  # n0 % PAGE_SIZE == 0: a row's place in its page is fixed
@@ -87,7 +114,17 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
         v_row = b.to(tl.int64) * s_vb + offs_n.to(tl.int64) * s_vn
     kv_ok = n_ok[:, None] & d_ok[None, :]  # columns past the head dim (padded to a power of 2): 0
     k = tl.load(k_head + k_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
-    v = tl.load(v_head + v_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
+    if V_PAIRS and UPCAST:  # the interpreter has no inline asm: the same columns, split by a reshape
+        v = tl.load(v_head + v_row[:, None] + d[None, :], mask=kv_ok, other=0.0).to(q.dtype)
+        v, v2 = tl.split(v.reshape([BLOCK_N, BLOCK_D // 2, 2]))
+    elif V_PAIRS:
+        d2 = tl.arange(0, BLOCK_D // 2)
+        w = tl.load(v_head.to(tl.pointer_type(tl.int16)) + v_row[:, None] + d2[None, :],
+                    mask=n_ok[:, None] & (d2 < HEAD_DIM // 2)[None, :], other=0)
+        v, v2 = _fp8_pairs(w, E5M2)
+    else:
+        v = tl.load(v_head + v_row[:, None] + d[None, :], mask=kv_ok, other=0.0)
+        v2 = v
     if UPCAST or KV_FP8:  # fp8 K/V: converted in registers to q's dtype (fp16; fp32 in the interpreter)
         k = k.to(q.dtype)
         v = v.to(q.dtype)
@@ -111,7 +148,9 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
     alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+    if V_PAIRS:
+        acc2 = acc2 * alpha[:, None] + tl.dot(p.to(v2.dtype), v2)
+    return m_new, l_i, acc, acc2
 
 
 @triton.jit
@@ -167,7 +206,7 @@ def split_kernel(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     WINDOW: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr, SCALE_PER_HEAD: tl.constexpr,
-    HAS_WORK: tl.constexpr,
+    HAS_WORK: tl.constexpr, V_PAIRS: tl.constexpr = False, E5M2: tl.constexpr = False,
 ):
     if HAS_WORK:  # grid (KV heads x m-tiles, work items): the item names the request and split
         group = tl.program_id(0)
@@ -219,7 +258,12 @@ def split_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if V_PAIRS:
+        acc = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_D // 2], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, 2], tl.float32)
     if SCALE_PER_HEAD:  # fp8 scales per KV head: this program's head's, folded into the score scale
         qk_mul = qk_mul * tl.load(KS_PTR + kvh)
         v_mul = v_mul * tl.load(VS_PTR + kvh)
@@ -228,20 +272,24 @@ def split_kernel(
     if UPCAST:  # interpreter: program ids are 1-element arrays, which `range` rejects
         n0 = start
         while n0 < end:
-            m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
-                                         qk_mul, cap_mul, slope, win_left, win_right,
-                                         s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, PAGE_ALIGNED, CAUSAL,
-                                         UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8)
+            m_i, l_i, acc, acc2 = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc, acc2,
+                                               qk_mul, cap_mul, slope, win_left, win_right,
+                                               s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, PAGE_ALIGNED,
+                                               CAUSAL, UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8, V_PAIRS, E5M2,
+                                               HEAD_DIM, BLOCK_D)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc,
-                                         qk_mul, cap_mul, slope, win_left, win_right,
-                                         s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, PAGE_ALIGNED, CAUSAL,
-                                         UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8)
+            m_i, l_i, acc, acc2 = _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc, acc2,
+                                               qk_mul, cap_mul, slope, win_left, win_right,
+                                               s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, PAGE_ALIGNED,
+                                               CAUSAL, UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8, V_PAIRS, E5M2,
+                                               HEAD_DIM, BLOCK_D)
 
     # saw a key: l != 0 (l >= 1 after any finite score). NaN != 0, so a NaN row keeps o = NaN and
     # lse = NaN; only a row with no visible key (l == 0) is o = 0, lse = -inf
+    if V_PAIRS:  # columns 2c (acc) and 2c + 1 (acc2) interleaved back
+        acc = tl.join(acc, acc2).reshape([BLOCK_M, BLOCK_D])
     has_key = l_i != 0.0
     o = tl.where(has_key[:, None], acc / tl.where(has_key, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("-inf"))
