@@ -64,85 +64,32 @@ def cutlass_split_smem(head_dim: int, block_m: int, paged: bool, kv_fp8: bool = 
     return block_m * padded * 2 + ring + 1024
 
 
-# Triton, fp8 caches: the 128-key fp8 tile at head dim 128 with 4 packed query rows (72 KB
-# of shared memory, 168 registers per thread at 4 warps) fits three times per SM, and a grid sized for
-# two per SM ran as if the CTAs did not spread evenly over the SMs: H200, graph replay, B=16 GQA 32/8
-# 32K e4m3, the same kernel, 2 splits per request (the two-per-SM plan) 423.8 us, 3 (forced) 290.5, 4
-# 307.1; 8 warps (two fit) at 2 splits 358.5 (results/2026-12-03-h200-fp8-triton/). Where a request
-# gets many splits the third CTA costs more than it gives (B=1 GQA 128K: 33 splits 84.7 us, 49
-# splits 90.1), so the plan aims at three only when the two-per-SM target leaves each request at most
-# FEW_SPLITS splits, and never at more than fit (triton_fp8_fit). Paged 16 (5-stage tile, 73 KB, 168
-# registers at group 4, three fit): B=16 GQA 32/8 32K e4m3 2 splits (two per SM) 505.0 us, 3 splits
-# 344.0 (results/2026-12-03-h200-fp8-paged/), so paged plans aim at three by the same rule.
-TRITON_FP8_BLOCKS_PER_SM = 3
-FEW_SPLITS = 4
-
-# What the Triton fp8 split tile (tile_config(kv_fp8=True): block_n 128, 4 warps) holds per CTA, from
-# ptxas for sm_90 under Triton 3.6 (the version CI and the GPU run; tests/test_triton_compile.py
-# holds this table to the compiler): registers per thread and shared bytes (contiguous, 3 stages;
-# paged, 5 stages: +1 KB of block-table entries). The tile reads V by int16 words (split_kernel
-# V_PAIRS): at head dim 128 ptxas gives 184-202 registers for GQA group 1, 2 and 4 and Sq 2 or 4
-# (two fit), and 168 for groups 8 and 16 at Sq 1 (three fit; one word spilled before the key loop).
-# The byte-by-byte V read before it took 168 at group 4 (three fit), where the two-per-SM V_PAIRS tile
-# is faster anyway (H200, B=16 GQA 32/8 32K e4m3: 292.8 us before, 248.0 after; the V_PAIRS tile held
-# to 168 registers by maxnreg and planned for three, 254.1; results/2026-12-04-h200-fp8v/). Other
-# Triton versions allocate differently, so the (group, Sq) entries hold for 3.6 only.
-TRITON_FP8_TILE_REGS = {(64, None): 128, (128, (8, 1)): 168, (128, (16, 1)): 168, (128, None): 202}
-TRITON_FP8_TILE_SMEM = {64: 38 * 1024, 128: 72 * 1024}
-SM90_REGS_PER_SM = 65536
-
-
-@functools.cache
-def _triton_36() -> bool:
-    try:
-        from importlib.metadata import version
-
-        return version("triton").startswith("3.6.")
-    except Exception:  # not installed (then no Triton plan runs)
-        return False
-
-
-def triton_fp8_fit(head_dim: int, group: int, q_len: int = 1, paged: bool = False) -> int:
-    """CTAs of the Triton fp8 split tile that fit on one SM (registers and shared memory), head dim
-    <= 128, for `group` query heads per KV head and `q_len` queries (TRITON_FP8_TILE_REGS)."""
-    d = 64 if head_dim <= 64 else 128
-    key = (group, q_len) if _triton_36() else None
-    regs = TRITON_FP8_TILE_REGS.get((d, key), TRITON_FP8_TILE_REGS[(d, None)])
-    warp_regs = -(-regs * 32 // 256) * 256  # allocated per warp in 256-register units
-    smem = TRITON_FP8_TILE_SMEM[d] + (1024 if paged else 0) + 1024  # + the per-CTA reservation
-    return min(SM90_REGS_PER_SM // warp_regs // 4, SM90_SMEM_PER_SM // smem)
-
+# Triton, fp8 caches: plans aim at two CTAs per SM like every Triton plan. The byte-by-byte V read's
+# tile took 168 registers at GQA group 4 (three fit), and plans whose requests got few splits aimed
+# at three there (B=16 GQA 32/8 32K e4m3: 423.8 -> 298.5 us, results/2026-12-03-h200-fp8-triton/).
+# The tile that reads V by int16 words (split_kernel V_PAIRS) is faster at two per SM wherever it
+# was measured (H200, graph replay, results/2026-12-04-h200-fp8v/): B=16 GQA 32/8 32K 248.0 us at
+# two (2 splits) vs 254.1 with its registers capped at 168 for three (3 splits); B=16 GQA 64/8 32K,
+# whose tile takes 168 registers on its own, 2 splits 242.6 vs 3 splits 254.5 (paged 16: 263.2 vs
+# 296.4). So the rule and its register model (heuristics.triton_fp8_fit) went.
 
 # Paged Triton tiles find a key row's page from its position. Where every tile starts at a multiple
 # of min(page_size, block_n) keys (split starts are whole rule tiles; not with a sliding window) the
 # kernel takes a tile's page ids from its index and a row's place in its page from the tile's constant
-# row index, which the compiler hoists out of the key loop (split_kernel PAGE_ALIGNED). sm_90 SASS per
-# key tile (Triton 3.6, D 128, paged 16, CPU compile): fp8 MHA 1382 -> 1125 instructions (contiguous
-# 1083), bf16 split tile 691 -> 485 (387) with 168 -> 124 registers. H200, graph replay, paged 16
-# (results/2026-12-03-h200-paged-lookup/): e4m3 B=1 MHA 32K 106.3 -> 92.0 us (contiguous 86.2), bf16
-# Triton B=16 GQA 32K 526.8 -> 494.3. The hoisted offsets take registers: fp8 tiles go 197-208 -> 210-255
-# (two per SM either way) and the group-4 one 168 -> 243, so a plan aiming at three fp8 CTAs per SM
-# (blocks_per_sm) keeps the per-row lookup (page ids by tile with per-tile offsets kept that tile at
-# 168 registers and 1402 -> 1332 instructions, but measured no faster: B=16 GQA 32K 344.8 vs 345.2 us),
-# while one aiming at two takes the hoisted lookup: e4m3 B=1 GQA 128K paged 16 102.3 -> 98.4 us.
-def aligned_page_lookup(kv_fp8: bool, head_dim: int, blocks_per_sm: int = BLOCKS_PER_SM) -> bool:
-    """Whether a paged Triton plan aiming at `blocks_per_sm` split CTAs per SM may use the aligned
-    page lookup (above): not where an fp8 tile must fit three per SM."""
-    return not (kv_fp8 and 64 < head_dim <= 128 and blocks_per_sm >= 3)
+# row index, which the compiler hoists out of the key loop (split_kernel PAGE_ALIGNED; plan.build
+# decides it). sm_90 SASS per key tile (Triton 3.6, D 128, paged 16, CPU compile): fp8 MHA 1382 ->
+# 1125 instructions (contiguous 1083), bf16 split tile 691 -> 485 (387) with 168 -> 124 registers.
+# H200, graph replay, paged 16 (results/2026-12-03-h200-paged-lookup/): e4m3 B=1 MHA 32K 106.3 ->
+# 92.0 us (contiguous 86.2), bf16 Triton B=16 GQA 32K 526.8 -> 494.3.
 
 
 def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m: int = 16,
-                  kv_fp8: bool = False, *, batch: int = 1, groups_per_request: int = 1,
-                  num_sms: int = 132, group: int = 1, q_len: int = 1) -> int:
+                  kv_fp8: bool = False) -> int:
     """Resident split blocks per SM the planner aims for, for the backend a plan is made for: no
     more than fit in shared memory. A paged D 256 cutlass tile (137 KB) fits once per SM: sized for
     two, its plan ran a second wave (H200, 2026-12-03, B=1 GQA 32/8 32K paged 16: 78.8 us vs 68.8
-    contiguous; results/2026-12-03-h200-paged/). Triton fp8: TRITON_FP8_BLOCKS_PER_SM above (group,
-    q_len: query heads per KV head and queries per request, which decide the tile's registers)."""
+    contiguous; results/2026-12-03-h200-paged/). Triton fp8: two (the note above)."""
     if target != "cutlass":
-        if kv_fp8 and head_dim <= 128 and \
-                num_sms * BLOCKS_PER_SM // max(groups_per_request, 1) <= FEW_SPLITS * batch:
-            return max(BLOCKS_PER_SM, min(TRITON_FP8_BLOCKS_PER_SM, triton_fp8_fit(head_dim, group, q_len, paged)))
         return BLOCKS_PER_SM
     want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: a CTA's conversion
     # pass and its MMAs run in series, so a second CTA per SM overlaps them where it fits

@@ -235,18 +235,16 @@ class DecodePlan:
 
 
 def _rule(backend: str, prob: validate.Problem, *, num_splits, batch_invariant, num_sms, span_cap) -> tuple:
-    """(tile, m_tiles, rule, split CTAs per SM the rule aims at) of `backend` for this problem."""
+    """(tile, m_tiles, rule) of `backend` for this problem."""
     rows = prob.qhead_per_kvhead * prob.q_len
     tile = H.tile_config(prob.head_dim, rows, kv_fp8=prob.kv_fp8)  # the split tile: its block_n sizes the rule
     m_tiles = H.query_tiles(rows, tile.block_m)
     groups = prob.num_kv_heads * m_tiles
-    bps = H.blocks_per_sm(backend, prob.page_size is not None, prob.head_dim, tile.block_m, prob.kv_fp8,
-                          batch=prob.batch, groups_per_request=groups, num_sms=num_sms,
-                          group=prob.qhead_per_kvhead, q_len=prob.q_len)
+    bps = H.blocks_per_sm(backend, prob.page_size is not None, prob.head_dim, tile.block_m, prob.kv_fp8)
     rule = H.split_rule(batch=prob.batch, groups_per_request=groups, block_n=tile.block_n,
                         max_seqlen=prob.max_seqlen, num_sms=num_sms, blocks_per_sm=bps,
                         num_splits=num_splits, batch_invariant=batch_invariant, span_cap=span_cap)
-    return tile, m_tiles, rule, bps
+    return tile, m_tiles, rule
 
 
 def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, variant, **kw) -> tuple[str, bool]:
@@ -282,7 +280,7 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
     kw = dict(num_splits=num_splits, batch_invariant=batch_invariant,
               num_sms=num_sms if num_sms is not None else device_num_sms(device), span_cap=span_cap)
     name, auto = _choose_backend(backend, prob, device, layout_ok, variant, **kw)
-    tile, m_tiles, rule, bps = _rule(name, prob, **kw)
+    tile, m_tiles, rule = _rule(name, prob, **kw)
     paged = prob.page_size is not None
     splitting = rule.max_splits > 1 or batch_invariant  # batch-invariant: one tile whatever the grid
     items = (H.work_items(rule, prob.batch) or 0) if name != "torch" else 0
@@ -326,8 +324,7 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
                       prob.dtype if dtype_bound else None, paged, prob.max_seqlen, device, name, auto, tile,
                       m_tiles, rule, fuse, batch_invariant, sched, counters, o_part, lse_part, lse_scratch,
                       variant.key(), work, items,
-                      aligned_pages=(name == "triton" and paged and not variant.windowed
-                                     and H.aligned_page_lookup(prob.kv_fp8, prob.head_dim, bps)))
+                      aligned_pages=name == "triton" and paged and not variant.windowed)
 
 
 def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int, *,

@@ -114,27 +114,16 @@ def test_cutlass_takes_fp8_caches_at_its_head_dims():
         splitkv.plan(sl, 32, 8, 128, kv_dtype=f8, k_scale=0.5, v_scale=0.5, softcap=30.0, backend="cutlass")
 
 
-def test_triton_fp8_plans_aim_at_three_ctas_per_sm_where_requests_get_few_splits():
-    """heuristics.TRITON_FP8_BLOCKS_PER_SM: an fp8 batch (contiguous or paged) whose requests get <=
-    FEW_SPLITS splits at two per SM is planned for three where three fit (B=16 GQA 64/8, group 8: the
-    168-register tile, 3 splits each); one that splits widely (B=1), bf16 and tiles of which two fit
-    (GQA 32/8, MHA, Sq 4: 184-202 registers) keep two."""
+def test_triton_fp8_plans_aim_at_two_ctas_per_sm_as_bf16_ones_do():
+    """heuristics (the Triton fp8 note): fp8 plans split like bf16 ones, two CTAs per SM, at every
+    GQA group and for paged caches: B=16 GQA 32/8 and 64/8 32K get 2 splits per request (264 // 8
+    groups = 33 CTAs per group), B=1 128K 32 of 128 keys."""
     fp8 = dict(kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0, num_sms=132, backend="triton")
     b16 = torch.full((16,), 32768, dtype=torch.int32)
-    p = splitkv.plan(b16, 64, 8, 128, **fp8)
-    if not heuristics._triton_36():  # the 168-register tile is Triton 3.6's: other versions fit two
-        assert p.rule.target == 33 and p.num_splits.tolist() == [2] * 16 and heuristics.triton_fp8_fit(128, 8) == 2
-        return
-    assert p.rule.target == 49 and p.num_splits.tolist() == [3] * 16  # 396 = 3 x 132 CTAs
-    assert splitkv.plan(b16, 64, 8, 128, paged=True, **fp8).num_splits.tolist() == [3] * 16
-    assert splitkv.plan(b16, 64, 8, 128, num_sms=132, backend="triton").num_splits.tolist() == [2] * 16
-    one = splitkv.plan(torch.tensor([131072], dtype=torch.int32), 64, 8, 128, **fp8)
+    for hq in (32, 64):
+        for paged in (False, True):
+            p = splitkv.plan(b16, hq, 8, 128, paged=paged, **fp8)
+            assert p.rule.target == 33 and p.num_splits.tolist() == [2] * 16, (hq, paged)
+    one = splitkv.plan(torch.tensor([131072], dtype=torch.int32), 32, 8, 128, **fp8)
     assert one.rule.target == 33 and one.num_splits.tolist() == [32]  # 128-key tiles: 1024 = 32 x 32
-    # never more than fit: two fit for GQA 32/8 (group 4), MHA and Sq 4 (heuristics.triton_fp8_fit)
-    b4 = torch.full((4,), 32768, dtype=torch.int32)
-    assert splitkv.plan(b16, 32, 8, 128, **fp8).num_splits.tolist() == [2] * 16
-    assert splitkv.plan(b16, 32, 8, 128, paged=True, **fp8).num_splits.tolist() == [2] * 16
-    assert splitkv.plan(b4, 32, 32, 128, **fp8).num_splits.tolist() == [2] * 4  # 264 // 32 CTAs, not 396
-    assert splitkv.plan(b4, 32, 32, 128, q_len=4, **fp8).num_splits.tolist() == [2] * 4  # MHA, Sq 4: two fit
-    assert heuristics.triton_fp8_fit(128, 8) == 3 and heuristics.triton_fp8_fit(128, 4) == 2
-    assert heuristics.triton_fp8_fit(128, 1) == 2
+    assert heuristics.blocks_per_sm("triton", True, 128, 16, True) == heuristics.BLOCKS_PER_SM

@@ -118,7 +118,7 @@ def _split_constexprs(D, rows, paged, causal, splitting, var, whole=False):
     G, SQ = (rows, 1) if rows <= 16 else (16, rows // 16)
     return dict(NUM_KV_HEADS=8, M_TILES=H.query_tiles(rows, tile.block_m), G=G, SQ=SQ, HEAD_DIM=D,
                 BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
-                PAGE_ALIGNED=paged and not var["WINDOW"] and H.aligned_page_lookup(var["KV_FP8"], D),
+                PAGE_ALIGNED=paged and not var["WINDOW"],
                 CAUSAL=causal, UPCAST=False, FUSED_MERGE=splitting, BLOCK_D=1 << (D - 1).bit_length(),
                 **var, HAS_WORK=splitting, V_PAIRS=var["KV_FP8"], E5M2=False), tile
 
@@ -134,17 +134,6 @@ def _compile_split(cx: dict, tile, arch: int, dtype: str = "bf16"):
     if cx["KV_FP8"]:
         sig.update(K="*fp8e4nv", V="*fp8e4nv")
     return _compile(split_kernel, sig, cx, arch, tile.num_warps, H.launch_stages(tile, cx["PAGED"]))
-
-
-def fp8_tile_resources(head_dim: int, group: int, q_len: int, paged: bool, arch: int = 90) -> dict:
-    """Registers / spills / shared bytes of the fp8 split tile the planner picks for `group` query
-    heads per KV head and `q_len` queries, causal when q_len > 1 (what heuristics.triton_fp8_fit
-    models)."""
-    cx, tile = _split_constexprs(head_dim, group * q_len, paged, q_len > 1, True, FP8_PER_HEAD)
-    bps = H.TRITON_FP8_BLOCKS_PER_SM if H.triton_fp8_fit(head_dim, group, q_len, paged) >= 3 else H.BLOCKS_PER_SM
-    cx.update(G=group, SQ=q_len, PAGE_ALIGNED=paged and H.aligned_page_lookup(True, head_dim, bps))  # a plan
-    # aiming at three per SM where three fit (the tile triton_fp8_fit models)
-    return _resources(_compile_split(cx, tile, arch), arch)
 
 
 def compile_all(arch: int = 90, dtype: str = "bf16", verbose: bool = True) -> list[dict]:
