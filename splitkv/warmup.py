@@ -7,13 +7,16 @@ those first calls itself, on tiny dummy tensors, through the public API only
 the backends become: for every combination of head dim x dtype x (Hq, Hkv) x Sq x cache layout x
 backend it runs a decode that does not split (num_splits=1), one that splits in two (the fused
 merge), one with MANY_SPLITS splits (more than any fused-merge limit: the separate merge
-kernel) and one the planner splits itself (num_splits=None). Together these hit the kernels a
-model with those shapes launches, whatever split count the planner picks later. One more decode
-runs a batch that fills the GPU on its own (more requests x KV heads than two per SM,
-FULL_BATCH_KEYS each): the plans of such batches stream whole sequences in several waves, on a tile of their own
-(heuristics.WAVES_TILE). Compiled CuTe
-kernels also land in the disk cache (SPLITKV_CACHE_DIR) and Triton's in its own
-(~/.triton/cache), so a later process loads them instead of compiling.
+kernel) and one the planner splits itself (num_splits=None). Then the batches a server runs,
+planned by decode itself: SERVING_BATCHES requests at a long context (LONG_KEYS), whose plans
+stream chunks of 16K+ keys in grids they fill in full or in part (tiles of their own), and a
+batch that fills the GPU on its own (more requests x KV heads than two per SM, FULL_BATCH_KEYS
+each), streaming whole sequences in several waves (heuristics.WAVES_TILE). Their caches are views
+of one key row (stride 0 along the sequence; paged: every table entry names one page), so a long
+context costs no memory. Together these hit the kernels a model with those shapes launches,
+whatever batch and split count the planner meets later. Compiled CuTe kernels also land in the
+disk cache (SPLITKV_CACHE_DIR) and Triton's in its own (~/.triton/cache), so a later process loads
+them instead of compiling.
 
 On a CPU device (or without CUDA) there is nothing to compile: the same calls run on the torch
 backend, cheaply, so the code path is exercised (and tested) anywhere.
@@ -38,6 +41,8 @@ MANY_SPLITS = 16
 SPLIT_COUNTS = (1, 2, MANY_SPLITS, None)
 KEYS_PER_SPLIT = 256  # cache length per split of the dummy decodes (one chunk of the planner's minimum)
 FULL_BATCH_KEYS = 2 * KEYS_PER_SPLIT  # the full batch's lengths: long enough for a plan that may split
+LONG_KEYS = 131072  # the serving batches' context
+SERVING_BATCHES = (2, 4, 8, 16)
 
 _DTYPE_NAMES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
                 "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -143,13 +148,18 @@ def _decodes(head_dim, dtype, heads, q_len, is_paged, page_size, backend, device
     kw = {k: (torch.zeros(q_heads, device=device) if v is True and k in ("sinks", "alibi_slopes") else v)
           for k, v in (variant or {}).items()}
 
-    def inputs(batch: int, max_len: int):
+    def inputs(batch: int, max_len: int, one_row: bool = False):
+        """q and a zero cache of `max_len` keys per request; one_row: a view of a single key row
+        (contiguous) or of a single page (paged), whatever max_len."""
         q = torch.zeros(batch, q_len, q_heads, head_dim, dtype=dtype, device=device)
+        per = -(-max_len // page_size) if is_paged else 0
         if not is_paged:
-            return q, torch.zeros(batch, max_len, kv_heads, head_dim, dtype=dtype, device=device), None
-        per = -(-max_len // page_size)
-        k = torch.zeros(batch * per, page_size, kv_heads, head_dim, dtype=dtype, device=device)
-        return q, k, torch.arange(batch * per, dtype=torch.int32, device=device).view(batch, per)
+            k = torch.zeros(batch, 1 if one_row else max_len, kv_heads, head_dim, dtype=dtype, device=device)
+            return q, k.expand(batch, max_len, kv_heads, head_dim), None
+        k = torch.zeros(1 if one_row else batch * per, page_size, kv_heads, head_dim, dtype=dtype, device=device)
+        table = torch.zeros(batch, per, dtype=torch.int32, device=device) if one_row else \
+            torch.arange(batch * per, dtype=torch.int32, device=device).view(batch, per)
+        return q, k, table
 
     max_len = MANY_SPLITS * KEYS_PER_SPLIT
     q, k, block_table = inputs(1, max_len)
@@ -157,10 +167,14 @@ def _decodes(head_dim, dtype, heads, q_len, is_paged, page_size, backend, device
         keys = max_len if splits is None else max(2, splits) * KEYS_PER_SPLIT
         lens = torch.full((1,), keys, dtype=torch.int32, device=device)
         decode(q, k, k, lens, block_table=block_table, num_splits=splits, backend=backend, **kw)
-    full = H.WAVES_MIN_CTAS_PER_SM * device_num_sms(torch.device(device)) // kv_heads + 1  # several waves
-    q, k, block_table = inputs(full, FULL_BATCH_KEYS)
-    lens = torch.full((full,), FULL_BATCH_KEYS, dtype=torch.int32, device=device)
-    decode(q, k, k, lens, block_table=block_table, backend=backend, **kw)
+    dev = torch.device(device)
+    full = H.WAVES_MIN_CTAS_PER_SM * device_num_sms(dev) // kv_heads + 1  # several waves
+    # on a CPU device nothing compiles: one short serving batch exercises the path
+    serving = [(b, LONG_KEYS) for b in SERVING_BATCHES] if dev.type == "cuda" else [(SERVING_BATCHES[0], FULL_BATCH_KEYS)]
+    for batch, keys in serving + [(full, FULL_BATCH_KEYS)]:
+        q, k, block_table = inputs(batch, keys, one_row=True)
+        lens = torch.full((batch,), keys, dtype=torch.int32, device=device)
+        decode(q, k, k, lens, block_table=block_table, backend=backend, **kw)
 
 
 def warmup(*, head_dims: int | Sequence[int] = (128,), dtypes: torch.dtype | Sequence[torch.dtype] = (torch.bfloat16,),

@@ -171,3 +171,13 @@ def test_warmup_on_gpu_compiles_what_decode_then_uses():
     splitkv.decode(q, k, k, lens)
     torch.cuda.synchronize()
     assert time.perf_counter() - t0 < 1.0
+    # 8 requests at 128K: chunks of 64K keys in a grid they fill in part (the 128-key x 2-stage tile)
+    q = torch.randn(8, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8, 131072, 8, 128, device="cuda", dtype=torch.bfloat16)
+    lens = torch.full((8,), 131072, dtype=torch.int32, device="cuda")
+    p = splitkv.plan(lens, 32, 8, 128)
+    assert p.backend == "cutlass" and (p.tile.block_n, p.tile.num_stages) == (128, 2)
+    t0 = time.perf_counter()
+    splitkv.decode(q, k, k, lens)
+    torch.cuda.synchronize()
+    assert time.perf_counter() - t0 < 1.0
