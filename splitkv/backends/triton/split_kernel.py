@@ -89,7 +89,9 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
                  WINDOW: tl.constexpr, KV_FP8: tl.constexpr, V_PAIRS: tl.constexpr, E5M2: tl.constexpr,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """One key tile [n0, min(n0 + BLOCK_N, end)) of the online softmax (keys past end are never
-    read); returns the updated (m, l, acc). Scores are in base 2 (qk_mul, cap_mul, slope carry LOG2E)."""
+    read); returns the updated (m, l, acc, acc2): with V_PAIRS acc holds the even columns and acc2 the
+    odd ones, otherwise acc2 is an unused placeholder. Scores are in base 2 (qk_mul, cap_mul, slope
+    carry LOG2E)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < end
     if V_PAIRS and not UPCAST:  # V is read as int16 words: its row offsets in units of two bytes
