@@ -121,6 +121,46 @@ def test_gpu_fp8_v_word_read_and_byte_read_match_reference(fp8):
     test_fp8_v_is_read_by_words_only_where_no_word_straddles_two_rows(fp8, device="cuda")
 
 
+@pytest.mark.skipif(not backends.triton_available(), reason="needs triton")
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_fp8_hoisted_row_offsets_match_reference(fp8, monkeypatch, device="cpu"):
+    """launch.HOIST_ROWS (split_kernel HOIST_ROWS, fp8 contiguous caches): tiles addressed from one
+    scalar start plus loop-invariant row offsets give the reference's result on a [B, L, Hkv, D]
+    cache and on [B, Hkv, L, D] storage viewed with transpose (rows not adjacent), several splits
+    and odd lengths; the launch took the hoisted path (its constexpr is on), and paged calls never do."""
+    from splitkv.backends.triton import launch
+
+    monkeypatch.setattr(launch, "HOIST_ROWS", True)
+    seen = []  # HOIST_ROWS of each split launch
+
+    def spy(grid, tensors, scalars, cx, *rest, _fl=launch._split):
+        seen.append(cx["HOIST_ROWS"])
+        return _fl(grid, tensors, scalars, cx, *rest)
+
+    monkeypatch.setattr(launch, "_split", spy)
+    B, Hq, Hkv, D, lens = 3, 8, 2, 64, [300, 77, 1]
+    q, k, v, sl, ks, vs = _fp8_inputs(B, 1, Hq, Hkv, D, lens, fp8, device=device, per_head=True)
+    ro, rl = decode_reference(q, k, v, sl, k_scale=ks, v_scale=vs)
+    head_major = (k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2))
+    for kk, vv in ((k, v), head_major):
+        p = splitkv.plan(sl, Hq, Hkv, D, num_splits=3, kv_dtype=fp8, backend="triton", k_scale=ks, v_scale=vs)
+        o, lse = splitkv.decode(q, kk, vv, sl, k_scale=ks, v_scale=vs, return_lse=True, plan=p)
+        _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu())
+        assert seen.pop() is True
+    kp, vp, bt = to_paged(k, v, lens, 16)
+    p = splitkv.plan(sl, Hq, Hkv, D, num_splits=3, kv_dtype=fp8, backend="triton", paged=True,
+                     k_scale=ks, v_scale=vs)
+    o, lse = splitkv.decode(q, kp, vp, sl, block_table=bt, k_scale=ks, v_scale=vs, return_lse=True, plan=p)
+    _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu())
+    assert seen == [False]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_gpu_fp8_hoisted_row_offsets_match_reference(fp8, monkeypatch):
+    test_fp8_hoisted_row_offsets_match_reference(fp8, monkeypatch, device="cuda")
+
+
 @pytest.mark.parametrize("fp8", FP8, ids=str)
 def test_append_quantises_like_torch_casts(fp8):
     # the torch append here; the Triton kernel on the H200 below (Triton's CPU interpreter rounds

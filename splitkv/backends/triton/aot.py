@@ -107,6 +107,9 @@ def split_variants():
             yield _split_constexprs(D, 4, paged, False, True, var)
     for D, paged, splitting in itertools.product((64, 128), (False, True), (True, False)):
         yield _split_constexprs(D, 4, paged, False, splitting, FP8_PER_HEAD)
+    for D in (64, 128):  # the launch.HOIST_ROWS probe (contiguous fp8 only)
+        cx, tile = _split_constexprs(D, 4, False, False, True, FP8_PER_HEAD)
+        yield dict(cx, HOIST_ROWS=True), tile
     for D, rows, paged in itertools.product((64, 128), (1, 4, 32), (False, True)):  # split grids on the
         yield _split_constexprs(D, rows, paged, False, True, NO_VARIANT, whole=True)  # unsplit tile
 
@@ -120,7 +123,7 @@ def _split_constexprs(D, rows, paged, causal, splitting, var, whole=False):
                 BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, PAGE_SIZE=16 if paged else 1, PAGED=paged,
                 PAGE_ALIGNED=paged and not var["WINDOW"],
                 CAUSAL=causal, UPCAST=False, FUSED_MERGE=splitting, BLOCK_D=1 << (D - 1).bit_length(),
-                **var, HAS_WORK=splitting, V_PAIRS=var["KV_FP8"], E5M2=False), tile
+                **var, HAS_WORK=splitting, V_PAIRS=var["KV_FP8"], E5M2=False, HOIST_ROWS=False), tile
 
 
 def _compile_split(cx: dict, tile, arch: int, dtype: str = "bf16"):

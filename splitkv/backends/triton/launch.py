@@ -22,6 +22,7 @@ _schedule = FastLauncher(schedule_kernel)
 _extend = FastLauncher(extend_kernel)
 _MODES = {"auto": 0, "forced": 1, "fixed": 2}
 V_PAIRS = True  # fp8 V by int16 words (split_kernel V_PAIRS); False: byte by byte, as before
+HOIST_ROWS = False  # fp8 contiguous: loop-invariant row offsets (split_kernel HOIST_ROWS); a probe until measured
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read when triton is imported, as Triton does
 
 
@@ -158,7 +159,8 @@ def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part,
                   UPCAST=_INTERPRET, FUSED_MERGE=plan.fuse, BLOCK_D=_block_d(D), SOFTCAP=cap > 0,
                   ALIBI=slopes is not None, WINDOW=variant.windowed, SINKS=sinks is not None,
                   KV_FP8=variant.fp8 is not None, SCALE_PER_HEAD=per_head, HAS_WORK=plan.work is not None,
-                  V_PAIRS=V_PAIRS and _v_pairs(v_cache, variant), E5M2=v_cache.dtype == torch.float8_e5m2)
+                  V_PAIRS=V_PAIRS and _v_pairs(v_cache, variant), E5M2=v_cache.dtype == torch.float8_e5m2,
+                  HOIST_ROWS=HOIST_ROWS and variant.fp8 is not None and not paged)
         return _split, scalars, cx, tile.num_warps, tile.num_stages
 
     plan.launches.launch(("split", key), grid, tensors, aligned, build)

@@ -26,6 +26,11 @@ byte permute per two words gathers the even columns' bytes and the odd ones', on
 converts them (_fp8_pairs), and two dots over half the columns each (acc, acc2) replace one; the
 epilogue interleaves them back. sm_90 SASS of the key loop (D 128, group 4): 1094 -> 717
 instructions; H200, B=1 GQA 32/8 128K e4m3 84.7 -> 70.2 us (results/2026-12-04-h200-fp8v/).
+HOIST_ROWS (contiguous caches; launch.HOIST_ROWS, off by default, fp8 only): a tile's row offsets
+as one scalar (its first key) plus j * stride, loop-invariant, instead of a 64-bit product per row
+and tile. sm_90 SASS of the fp8 key loop (D 128, group 4): 717 -> 681 instructions, 184 -> 239
+registers (two CTAs per SM either way); bf16 tiles gain registers too (e.g. 96 -> 140), so bf16
+keeps the per-row products. Not yet measured on the GPU.
 Head dims: any D, padded to BLOCK_D (a power of 2) in registers; columns past D are masked.
 with all qhead_per_kvhead query heads of the KV head x Sq tokens packed as the M rows of one
 tile (row r -> token r // G, head kvh * G + r % G), so each K/V byte is read once per KV head.
@@ -87,7 +92,7 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
                  BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
                  CAUSAL: tl.constexpr, UPCAST: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                  WINDOW: tl.constexpr, KV_FP8: tl.constexpr, V_PAIRS: tl.constexpr, E5M2: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HOIST_ROWS: tl.constexpr):
     """One key tile [n0, min(n0 + BLOCK_N, end)) of the online softmax (keys past end are never
     read); returns the updated (m, l, acc, acc2): with V_PAIRS acc holds the even columns and acc2 the
     odd ones, otherwise acc2 is an unused placeholder. Scores are in base 2 (qk_mul, cap_mul, slope
@@ -111,6 +116,10 @@ def _attend_tile(q, k_head, v_head, BT, b, n0, end, qpos, d_ok, d, m_i, l_i, acc
             in_page = (offs_n % PAGE_SIZE).to(tl.int64)
         k_row = page * s_kb + in_page * s_kn
         v_row = page * s_vb + in_page * s_vn
+    elif HOIST_ROWS:  # the tile's start as one scalar; j * stride is loop-invariant (hoisted)
+        j = tl.arange(0, BLOCK_N).to(tl.int64)
+        k_row = (b.to(tl.int64) * s_kb + n0.to(tl.int64) * s_kn) + j * s_kn
+        v_row = (b.to(tl.int64) * s_vb + n0.to(tl.int64) * s_vn) + j * s_vn
     else:
         k_row = b.to(tl.int64) * s_kb + offs_n.to(tl.int64) * s_kn  # B * Lmax * Hkv * D may pass 2^31
         v_row = b.to(tl.int64) * s_vb + offs_n.to(tl.int64) * s_vn
@@ -209,6 +218,7 @@ def split_kernel(
     UPCAST: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     WINDOW: tl.constexpr, SINKS: tl.constexpr, KV_FP8: tl.constexpr, SCALE_PER_HEAD: tl.constexpr,
     HAS_WORK: tl.constexpr, V_PAIRS: tl.constexpr = False, E5M2: tl.constexpr = False,
+    HOIST_ROWS: tl.constexpr = False,
 ):
     if HAS_WORK:  # grid (KV heads x m-tiles, work items): the item names the request and split
         group = tl.program_id(0)
@@ -278,7 +288,7 @@ def split_kernel(
                                                qk_mul, cap_mul, slope, win_left, win_right,
                                                s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, PAGE_ALIGNED,
                                                CAUSAL, UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8, V_PAIRS, E5M2,
-                                               HEAD_DIM, BLOCK_D)
+                                               HEAD_DIM, BLOCK_D, HOIST_ROWS)
             n0 += BLOCK_N
     else:
         for n0 in range(start, end, BLOCK_N):
@@ -286,7 +296,7 @@ def split_kernel(
                                                qk_mul, cap_mul, slope, win_left, win_right,
                                                s_kb, s_kn, s_vb, s_vn, s_btb, BLOCK_N, PAGE_SIZE, PAGED, PAGE_ALIGNED,
                                                CAUSAL, UPCAST, SOFTCAP, ALIBI, WINDOW, KV_FP8, V_PAIRS, E5M2,
-                                               HEAD_DIM, BLOCK_D)
+                                               HEAD_DIM, BLOCK_D, HOIST_ROWS)
 
     # saw a key: l != 0 (l >= 1 after any finite score). NaN != 0, so a NaN row keeps o = NaN and
     # lse = NaN; only a row with no visible key (l == 0) is o = 0, lse = -inf
