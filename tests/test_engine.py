@@ -215,3 +215,47 @@ def test_samples_of_a_prompt_shorter_than_a_page_are_not_overcommitted(model):
     out = eng.run()
     assert len(out[late]) == 10 and all(len(out[g]) == 3 for g in group)  # + the prefill step's token
     assert eng.cache.num_free_pages == 4
+
+
+def test_cancel_stops_a_request_and_returns_its_pages(model):
+    """Engine.cancel: a decoding request stops at once (its tokens so far are a prefix of what it
+    gets alone) and its pages go back; a queued one never runs; the others are untouched; an
+    unknown or finished id is refused; with nothing left the model has its own attention back."""
+    a, b, c = _prompt(37, 30), _prompt(50, 31), _prompt(20, 32)
+    eng = E.Engine(model, num_pages=8, page_size=16, prefill_chunk=64)  # a and b fit (4 pages each), c waits
+    ra, rb, rc = (eng.add_request(p, 12, eos_token_id=None) for p in (a, b, c))
+    outs: dict[int, list[int]] = {}
+    for _ in range(4):
+        for rid, tok, _ in eng.step():
+            outs.setdefault(rid, []).append(tok)
+    assert eng.queued == 1 and rb in outs
+    free = eng.cache.num_free_pages
+    assert eng.cancel(rb) and eng.cache.num_free_pages == free + 4  # its 51 cached tokens: 4 pages
+    assert eng.cancel(rc) and eng.queued == 0
+    assert not eng.cancel(rb) and not eng.cancel(999)
+    for rid, tok, _ in eng.stream():
+        outs.setdefault(rid, []).append(tok)
+    assert outs[ra] == _alone(model, a, 12)
+    assert outs[rb] == _alone(model, b, 12)[:len(outs[rb])] and len(outs[rb]) < 12
+    assert rc not in outs and not eng.cancel(ra)  # finished
+    assert eng.cache.num_free_pages == 8 and model.config._attn_implementation != hf.ATTN_NAME
+
+
+def test_cancel_one_sample_of_a_prompt(model):
+    """n = 3 samples: cancelling the first while the prompt still prefills hands the prefill to the
+    next; cancelling another while it decodes stops only that one; the last gets its solo tokens."""
+    ids = _prompt(70, 33)
+    eng = E.Engine(model, num_pages=32, page_size=16, prefill_chunk=32)  # three prefill steps
+    group = eng.add_request(ids, 6, eos_token_id=None, n=3)
+    assert eng.step() == [] and eng.cancel(group[0])  # one chunk done
+    outs: dict[int, list[int]] = {}
+    for _ in range(3):
+        for rid, tok, _ in eng.step():
+            outs.setdefault(rid, []).append(tok)
+    assert set(outs) == {group[1], group[2]}
+    assert eng.cancel(group[1])
+    for rid, tok, _ in eng.stream():
+        outs.setdefault(rid, []).append(tok)
+    solo = _alone(model, ids, 6)
+    assert outs[group[2]] == solo and outs[group[1]] == solo[:len(outs[group[1]])] and len(outs[group[1]]) < 6
+    assert eng.cache.num_free_pages == 32

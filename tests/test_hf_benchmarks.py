@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,3 +40,59 @@ def test_hf_serve_smoke(tmp_path):
         assert r["complete"] and r["output_tokens"] > 0 and r["ttft_p50_s"] >= 0 and r["tpot_p99_ms"] > 0
     assert (tmp_path / "hf_serve.png").stat().st_size > 0
     assert "| splitkv | burst |" in md
+
+
+def _tiny_model():
+    import argparse
+
+    from splitkv.bench import hf_step
+
+    a = argparse.Namespace(**hf_step.TINY, dtype="float32", contexts=[512], steps=0, warmup=0)
+    return hf_step.build_model(a, torch.device("cpu"))
+
+
+def _trace_args(requests, new):
+    import argparse
+
+    return argparse.Namespace(seed=0, prompt_range=(16, 32), output_range=(new, new), requests=requests, rate=1.0,
+                              num_pages=256, page_size=16, prefill_chunk=64, cuda_graph=False)
+
+
+def test_hf_serve_cut_cancels_splitkv_requests_at_the_limit(monkeypatch):
+    """--time-limit on splitkv's side, on a fake clock (one second per reading): the run stops at the
+    limit, its tokens stop there, the running requests are cancelled with every page back, and the
+    engine serves the next trace to the end."""
+    from splitkv.bench import hf_serve
+
+    server = hf_serve.SplitkvServer(_tiny_model(), _trace_args(0, 0))
+    clock = iter(range(10**6))
+    monkeypatch.setattr(hf_serve.time, "perf_counter", lambda: float(next(clock)))
+    trace = hf_serve.make_trace(_trace_args(5, 40), 256, "burst")
+    times = server.run(trace, limit=30.0)
+    m = hf_serve.metrics(trace, times, limit=30.0)
+    assert 0 < m["output_tokens"] < 5 * 40 and not m["complete"] and m["cut_at_s"] == 30.0
+    assert max(t for ts in times for t in ts) <= 30.0 and m["tokens_per_s"] == m["output_tokens"] / 30.0
+    eng = server.eng
+    assert not eng.pending and eng.cache.num_free_pages == eng.cache.num_pages
+    again = hf_serve.make_trace(_trace_args(3, 4), 256, "burst")
+    assert hf_serve.metrics(again, server.run(again))["complete"]
+
+
+def test_hf_serve_cut_restarts_the_transformers_manager():
+    """--time-limit on transformers' side (real clock), after a warm-up trace as the bench runs one:
+    24 requests of 400 tokens do not finish in 1 s on the CPU; the cut row says so, and a fresh
+    manager then serves a short trace to the end."""
+    from splitkv.bench import hf_serve
+
+    server = hf_serve.TransformersServer(_tiny_model(), _trace_args(0, 400))
+    short = hf_serve.make_trace(_trace_args(3, 4), 256, "burst")
+    try:
+        assert hf_serve.metrics(short, server.run(short))["complete"]
+        trace = hf_serve.make_trace(_trace_args(24, 400), 256, "burst")
+        times = server.run(trace, limit=1.0)
+        m = hf_serve.metrics(trace, times, limit=1.0)
+        assert not m["complete"] and m["cut_at_s"] == 1.0 and m["finished_requests"] < 24
+        assert all(t <= 1.0 for ts in times for t in ts)
+        assert hf_serve.metrics(short, server.run(short))["complete"]
+    finally:
+        server.close(hard=True)

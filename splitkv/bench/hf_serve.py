@@ -10,8 +10,13 @@ length in both engines. Two arrival patterns: "burst" (all at t = 0) and "poisso
 gaps at --rate requests/s). Both engines see the same requests at the same times; each is warmed up
 first on a few short requests (compilation, CUDA-graph capture of the small batch buckets).
 
+--time-limit S cuts each run S seconds after its first arrival (the full 256-request trace runs
+for longer than one 10-minute GPU call): the requests still running are cancelled, and the row
+counts what came out inside the window (output tokens / S; TTFT and TPOT of the requests that got
+tokens; how many finished), so engines compare over the same window of the same trace.
+
 Per engine and pattern: output tokens/s (all output tokens / time from the first arrival to the
-last token), time to first token (first token - arrival) and time per output token ((last - first)
+last token, or to the cut), time to first token (first token - arrival) and time per output token ((last - first)
 / (n - 1)) at p50 / p99, and output tokens/s over time in 1 s bins (--plot draws them). splitkv
 timestamps each token as its step returns; transformers' manager records them per token
 (record_timestamps) where the installed version can, else at the moment its result is read.
@@ -63,17 +68,21 @@ class SplitkvServer:
     def close(self):
         pass
 
-    def run(self, trace) -> list[list[float]]:
-        """Token timestamps (s from the trace's start) per request."""
-        return _run_splitkv(self.eng, trace)
+    def run(self, trace, limit=None) -> list[list[float]]:
+        """Token timestamps (s from the trace's start) per request, up to `limit` s."""
+        return _run_splitkv(self.eng, trace, limit)
 
 
-def _run_splitkv(eng, trace) -> list[list[float]]:
+def _run_splitkv(eng, trace, limit=None) -> list[list[float]]:
     times: list[list[float]] = [[] for _ in trace]
     index, sent = {}, 0
     t0 = time.perf_counter()
     while sent < len(trace) or eng.pending:
         now = time.perf_counter() - t0
+        if limit is not None and now >= limit:
+            for rid in index:  # the cut: what is still queued or running gives its pages back
+                eng.cancel(rid)
+            break
         for i in _due(trace, sent, now):
             r = trace[i]
             index[eng.add_request(torch.tensor(r["prompt"]), r["new"], eos_token_id=None)] = i
@@ -83,35 +92,50 @@ def _run_splitkv(eng, trace) -> list[list[float]]:
             continue
         for rid, _, _ in eng.step():
             times[index[rid]].append(time.perf_counter() - t0)
-    return times
+    return [[t for t in ts if limit is None or t <= limit] for ts in times]
 
 
 class TransformersServer:
     """transformers' ContinuousBatchingManager, started once and fed every trace."""
 
     def __init__(self, model, a):
+        self.model, self.a = model, a
+        self._start()
+
+    def _start(self):
         import transformers
 
-        gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=a.output_range[1], eos_token_id=None,
+        gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=self.a.output_range[1], eos_token_id=None,
                                            pad_token_id=0)
-        self.manager = model.init_continuous_batching(generation_config=gc)
+        self.manager = self.model.init_continuous_batching(generation_config=gc)
         self.manager.start()
 
-    def close(self):
-        self.manager.stop(block=True)
+    def close(self, hard=False):
+        kw = {"hard_stop": True} if hard and "hard_stop" in inspect.signature(self.manager.stop).parameters else {}
+        self.manager.stop(block=True, **kw)
 
-    def run(self, trace) -> list[list[float]]:
-        return _run_transformers(self.manager, trace)
+    def run(self, trace, limit=None) -> list[list[float]]:
+        times, cut = _run_transformers(self.manager, trace, limit)
+        if cut:  # a fresh manager for the next trace: the cut one may still hold cancelled requests
+            self.close(hard=True)
+            self._start()
+        return times
 
 
-def _run_transformers(manager, trace) -> list[list[float]]:
+def _run_transformers(manager, trace, limit=None) -> tuple[list[list[float]], bool]:
     stamps = "record_timestamps" in inspect.signature(manager.add_request).parameters
     tag = f"{time.monotonic_ns():x}"  # request ids unique across the traces one manager serves
     times: list[list[float]] = [[] for _ in trace]
     index, sent, done = {}, 0, 0
     t0 = time.perf_counter()
+    finished: set[int] = set()
     while done < len(trace):
         now = time.perf_counter() - t0
+        if limit is not None and now >= limit:
+            for rid, i in index.items():
+                if i not in finished and hasattr(manager, "cancel_request"):
+                    manager.cancel_request(rid)
+            return [[t for t in ts if t <= limit] for ts in times], True
         for i in _due(trace, sent, now):
             r = trace[i]
             kw = {"record_timestamps": True} if stamps else {"streaming": True}
@@ -126,18 +150,22 @@ def _run_transformers(manager, trace) -> list[list[float]]:
             times[i] = [s - t0 for s in res.timestamps]
         else:
             times[i] += [time.perf_counter() - t0] * (len(res.generated_tokens) - len(times[i]))
-        done += bool(res.is_finished())
-    return times
+        if res.is_finished():
+            finished.add(i)
+            done += 1
+    return times, False
 
 
-def metrics(trace, times) -> dict:
+def metrics(trace, times, limit=None) -> dict:
+    """Throughput over the run (to its last token, or to the cut at `limit` s), TTFT / TPOT
+    percentiles of the requests that got tokens, and tokens per 1 s bin."""
     ttft = [ts[0] - r["arrival"] for r, ts in zip(trace, times, strict=True) if ts]
     tpot = [(ts[-1] - ts[0]) / (len(ts) - 1) for ts in times if len(ts) > 1]
-    end = max(t for ts in times for t in ts)
+    end = limit if limit is not None else max(t for ts in times for t in ts)
     total = sum(len(ts) for ts in times)
 
     def pct(xs, q):
-        return statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else xs[0]
+        return statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else xs[0] if xs else float("nan")
 
     bins = [0] * (int(end) + 1)
     for ts in times:
@@ -146,7 +174,9 @@ def metrics(trace, times) -> dict:
     return {"output_tokens": total, "seconds": end, "tokens_per_s": total / end,
             "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99), "tpot_p50_ms": 1e3 * pct(tpot, 50),
             "tpot_p99_ms": 1e3 * pct(tpot, 99), "tokens_per_s_per_second": bins,
-            "complete": all(len(ts) == r["new"] for r, ts in zip(trace, times, strict=True))}
+            "complete": all(len(ts) == r["new"] for r, ts in zip(trace, times, strict=True)),
+            "finished_requests": sum(len(ts) == r["new"] for r, ts in zip(trace, times, strict=True)),
+            "started_requests": len(ttft), "cut_at_s": limit}
 
 
 def plot(path: Path, rows: list[dict]) -> None:
@@ -190,6 +220,8 @@ def main(argv=None):
     ap.add_argument("--prefill-chunk", type=int, default=4096)
     ap.add_argument("--no-graph", dest="cuda_graph", action="store_false", help="splitkv without CUDA graphs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="cut each run this many seconds after its first arrival (module docstring)")
     add_model_args(ap, ("bfloat16", "float16", "float32"))
     ap.add_argument("--tiny", action="store_true", help="CPU smoke settings (2 layers, fp32, 6 short requests)")
     a = ap.parse_args(argv)
@@ -210,24 +242,28 @@ def main(argv=None):
         server.run(make_trace(warm, a.vocab, "burst"))
         for pattern in a.patterns.split(","):
             trace = make_trace(a, a.vocab, pattern)
-            rows.append({"engine": engine, "pattern": pattern, **metrics(trace, server.run(trace))})
+            rows.append({"engine": engine, "pattern": pattern,
+                         **metrics(trace, server.run(trace, a.time_limit), a.time_limit)})
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens_per_s_per_second"}), flush=True)
         server.close()
         del server
     meta = run_meta(device, "hf-serve", argv)
     config = {k: getattr(a, k) for k in ("requests", "prompt_range", "output_range", "rate", "num_pages", "page_size",
-                                         "prefill_chunk", "cuda_graph", "layers", "hidden", "vocab", "dtype")}
+                                         "prefill_chunk", "cuda_graph", "time_limit", "layers", "hidden", "vocab",
+                                         "dtype")}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"schema": "splitkv.hf_serve/1", "meta": meta, "config": config, "rows": rows}, indent=1))
     lines = [f"# Continuous batching: splitkv Engine vs transformers ({meta['device']})", "",
              f"`{meta['command']}` — {meta['date']}, torch {meta['torch']}, transformers {meta['transformers']}", "",
              "Config: " + ", ".join(f"{k} {v}" for k, v in config.items()) + ".", "",
-             "| engine | arrivals | output tokens/s | TTFT p50 / p99 s | TPOT p50 / p99 ms | complete |",
-             "|---|---|---|---|---|---|"]
+             "| engine | arrivals | output tokens/s | TTFT p50 / p99 s | TPOT p50 / p99 ms | requests started / "
+             "finished | complete |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['engine']} | {r['pattern']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.2f} / "
-                     f"{r['ttft_p99_s']:.2f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | {r['complete']} |")
+                     f"{r['ttft_p99_s']:.2f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
+                     f"{r['started_requests']} / {r['finished_requests']} | {r['complete']} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     if a.plot:
         Path(a.plot).mkdir(parents=True, exist_ok=True)

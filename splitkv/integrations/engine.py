@@ -76,6 +76,15 @@ class _Request:
         return int(order[torch.multinomial(sorted_p / sorted_p.sum(), 1, generator=self.generator)])
 
 
+def _promote(lead: _Request) -> _Request:
+    """The first follower of a cancelled, not yet prefilled lead, in its place: the prompt's whole
+    page count, its prefill progress and the other followers."""
+    new, rest = lead.followers[0], lead.followers[1:]
+    new.pages, new.shared, new.follower, new.followers = lead.pages, 0, False, rest
+    new.dyn, new.done_prefill = lead.dyn, lead.done_prefill
+    return new
+
+
 class Engine:
     """Continuous-batching greedy decode of a Llama-family model (module docstring).
 
@@ -181,6 +190,40 @@ class Engine:
         group[0].followers = group[1:]
         self._queue.append(group[0])
         return group[0].rid if n == 1 else [r.rid for r in group]
+
+    def cancel(self, request_id: int) -> bool:
+        """Stop a request now (a client went away, a deadline passed): a queued one leaves the queue,
+        a prefilling or decoding one gives its pages back to the pool at once; the tokens it has
+        emitted stay emitted and it emits no more. The samples of an n > 1 request are cancelled one
+        by one: the others go on (one whose prompt is still prefilling takes the prefill over).
+        Returns False for an id that is unknown or already finished. Between steps (also while
+        iterating stream(), whose tokens of a step are all emitted before the next step runs)."""
+        for i, r in enumerate(self._active):
+            if r.rid == request_id:
+                self.cache.free(r.sid)
+                r.sid = None
+                del self._active[i]
+                break
+        else:
+            for waiting in (self._queue, self._prefilling):
+                for i, lead in enumerate(waiting):
+                    if lead.rid == request_id:
+                        if lead.followers:  # the next sample leads (and prefills) in its place
+                            waiting[i] = _promote(lead)
+                        else:
+                            del waiting[i]
+                        break
+                    if any(f.rid == request_id for f in lead.followers):
+                        lead.followers = [f for f in lead.followers if f.rid != request_id]
+                        break
+                else:
+                    continue
+                break
+            else:
+                return False
+        if not self.pending:
+            hf._set_attention(self.model, self._own)
+        return True
 
     @property
     def queued(self) -> int:
