@@ -259,3 +259,18 @@ def test_cancel_one_sample_of_a_prompt(model):
     solo = _alone(model, ids, 6)
     assert outs[group[2]] == solo and outs[group[1]] == solo[:len(outs[group[1]])] and len(outs[group[1]]) < 6
     assert eng.cache.num_free_pages == 32
+
+
+def test_cancel_while_iterating_stream(model):
+    """cancel() inside the stream() loop (the README's pattern): the request emits no token after
+    the one that led to its cancel; the other runs to its end; every page comes back."""
+    a, b = _prompt(30, 34), _prompt(45, 35)
+    eng = E.Engine(model, num_pages=16, page_size=16)
+    ra, rb = (eng.add_request(p, 9, eos_token_id=None) for p in (a, b))
+    outs: dict[int, list[int]] = {}
+    for rid, tok, _ in eng.stream():
+        outs.setdefault(rid, []).append(tok)
+        if rid == rb and len(outs[rb]) == 3:
+            assert eng.cancel(rb)
+    assert outs[ra] == _alone(model, a, 9) and outs[rb] == _alone(model, b, 9)[:3]
+    assert eng.cache.num_free_pages == 16
