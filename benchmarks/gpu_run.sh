@@ -51,7 +51,9 @@ if [[ " $what " == *" fp8 "* ]]; then  # not in "all": fp8 KV next to bf16 and F
     --sweep-shapes "${FP8_SWEEP_SHAPES:-b16-*-fp8e4m3}" --reps 10 --json "$OUT/fp8_splits.json" \
     --markdown "$OUT/fp8_splits.md" 2>&1 | tee "$OUT/fp8_splits.log" | tail -20
 fi
-if [[ " $what " == *" serve "* ]]; then  # not in "all": the full trace runs for many minutes
+# not in "all": the full 256-request trace runs for many minutes; cut every run at one window, e.g.
+# SERVE_ARGS="--patterns burst --time-limit 200" (both engines, one pattern per call)
+if [[ " $what " == *" serve "* ]]; then
   python -m splitkv bench hf-serve --out "$OUT/hf_serve.json" --plot "$OUT" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve.log" | tail -8; fi
 if has hf; then python -m splitkv bench hf-step --out "$OUT/hf_step.json" ${HF_ARGS:-} 2>&1 | tee "$OUT/hf.log" | tail -45; fi
 # at most 8 files come back: up to 7 results (the JSON files, then bench.md) stay as they are,
