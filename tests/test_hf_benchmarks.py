@@ -96,3 +96,45 @@ def test_hf_serve_cut_restarts_the_transformers_manager():
         assert hf_serve.metrics(short, server.run(short))["complete"]
     finally:
         server.close(hard=True)
+
+
+class _FakeManager:
+    """transformers' manager as _run_transformers sees it: one token per get_result, round robin
+    over the unfinished requests, timestamped on the (fake) clock; streaming results carry the
+    timestamps so far."""
+
+    def __init__(self, clock):
+        self.clock, self.reqs, self.cancelled = clock, {}, []
+
+    def add_request(self, prompt, request_id=None, max_new_tokens=1, streaming=False, record_timestamps=False):
+        assert streaming and record_timestamps
+        self.reqs[request_id] = [max_new_tokens, []]
+        return request_id
+
+    def get_result(self, timeout=None):
+        import types
+
+        live = [(rid, r) for rid, r in self.reqs.items() if len(r[1]) < r[0]]
+        if not live:
+            return None
+        rid, (n, ts) = live[0]
+        ts.append(self.clock())
+        return types.SimpleNamespace(request_id=rid, timestamps=list(ts), generated_tokens=[0] * len(ts),
+                                     is_finished=lambda: len(ts) == n)
+
+    def cancel_request(self, rid):
+        self.cancelled.append(rid)
+
+
+def test_hf_serve_cut_counts_the_tokens_of_unfinished_transformers_requests(monkeypatch):
+    """With a cut, transformers' results stream, so a request still running at the cut counts the
+    tokens it made inside the window; the unfinished ones are cancelled."""
+    from splitkv.bench import hf_serve
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(hf_serve.time, "perf_counter", lambda: float(next(clock)))
+    man = _FakeManager(hf_serve.time.perf_counter)
+    trace = hf_serve.make_trace(_trace_args(3, 50), 256, "burst")
+    times, cut = hf_serve._run_transformers(man, trace, limit=40.0)
+    assert cut and 0 < len(times[0]) < 50 and all(t <= 40.0 for ts in times for t in ts)
+    assert len(man.cancelled) == 3  # none had finished

@@ -16,10 +16,12 @@ counts what came out inside the window (output tokens / S; TTFT and TPOT of the 
 tokens; how many finished), so engines compare over the same window of the same trace.
 
 Per engine and pattern: output tokens/s (all output tokens / time from the first arrival to the
-last token, or to the cut), time to first token (first token - arrival) and time per output token ((last - first)
-/ (n - 1)) at p50 / p99, and output tokens/s over time in 1 s bins (--plot draws them). splitkv
+last token, or to the cut), time to first token (first token - arrival) and time per output token
+((last - first) / (n - 1)) at p50 / p99, and output tokens/s over time in 1 s bins (--plot draws them). splitkv
 timestamps each token as its step returns; transformers' manager records them per token
-(record_timestamps) where the installed version can, else at the moment its result is read.
+(record_timestamps) where the installed version can, else at the moment its result is read; with
+a cut its results stream (each token's result comes back as it is made), so the tokens of requests
+unfinished at the cut count too.
 Writes JSON (--out) and markdown (same path, .md).
 """
 
@@ -138,7 +140,9 @@ def _run_transformers(manager, trace, limit=None) -> tuple[list[list[float]], bo
             return [[t for t in ts if t <= limit] for ts in times], True
         for i in _due(trace, sent, now):
             r = trace[i]
-            kw = {"record_timestamps": True} if stamps else {"streaming": True}
+            kw = {"record_timestamps": True} if stamps else {}
+            if not stamps or limit is not None:  # results as tokens come: a cut counts unfinished ones' too
+                kw["streaming"] = True
             rid = manager.add_request(r["prompt"], request_id=f"{tag}-{i}", max_new_tokens=r["new"], **kw)
             index[rid or f"{tag}-{i}"] = i
             sent = i + 1
