@@ -166,10 +166,16 @@ class PagedKVCache:
         if dtype in FP8_DTYPES:
             self._scales = (self._scale_arg("k_scale", k_scale), self._scale_arg("v_scale", v_scale),
                             k_scale, v_scale)
+        else:
+            for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+                if isinstance(s, torch.Tensor) or s != 1.0:
+                    raise ValueError(f"{name}: scales are for float8 caches only; this cache's dtype is {dtype}")
 
     def _scale_arg(self, name: str, s) -> torch.Tensor:
         shape = (self.num_layers, self.num_kv_heads)
         if isinstance(s, torch.Tensor):
+            if s.is_meta:
+                raise ValueError(f"{name}: a meta tensor holds no values; pass the scales on a real device")
             if s.dtype != torch.float32 or tuple(s.shape) != shape or not bool(torch.isfinite(s).all()) \
                     or not bool((s > 0).all()):
                 raise ValueError(f"{name}: expected a float or a float32 tensor {list(shape)} of finite values > 0, "

@@ -105,7 +105,7 @@ def check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, sof
         key = prob = None
     if prob is not None:
         return key, prob
-    _need(isinstance(causal, bool), TypeError, f"causal: expected a bool, got {type(causal).__name__}")
+    _need(isinstance(causal, bool), TypeError, f"causal: expected a Python bool, got {causal!r} of {type(causal)}")
     prob = _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend)
     if key is not None:
         if len(_SEEN) > 1024:

@@ -239,6 +239,8 @@ def test_fp8_cache_decodes_through_its_scales():
     (dict(k_scale=torch.tensor([1.0, 0.0]), v_scale=torch.ones(2)), ValueError, "k_scale: .* 0.0 at KV head 1"),
     (dict(k_scale=torch.ones(2), v_scale=torch.tensor([-2.0, 1.0])), ValueError, "v_scale: .* -2.0 at KV head 0"),
     (dict(k_scale=torch.tensor([float("nan"), 1.0]), v_scale=torch.ones(2)), ValueError, "k_scale: .*nan"),
+    (dict(k_scale=torch.ones(2, device="meta"), v_scale=torch.ones(2)), ValueError, "k_scale: on meta"),
+    (dict(k_scale=torch.ones(2), v_scale=torch.ones(2, device="meta")), ValueError, "v_scale: on meta"),
 ])
 def test_bad_fp8_arguments_are_named(kw, exc, match):
     q, k, v, sl, _, _ = _fp8_inputs(1, 1, 4, 2, 64, [10], torch.float8_e4m3fn)
@@ -256,6 +258,12 @@ def test_fp8_queries_and_scales_on_other_caches_are_refused():
         splitkv.decode(q, k, v.to(torch.float8_e5m2), sl, k_scale=1.0, v_scale=1.0)
     with pytest.raises(ValueError, match="k_scale"):
         PagedKVCache(4, 16, 2, 64, dtype=torch.float8_e4m3fn, device="cpu", k_scale=torch.ones(2))
+    with pytest.raises(ValueError, match="v_scale: a meta tensor"):
+        PagedKVCache(4, 16, 2, 64, dtype=torch.float8_e4m3fn, device="cpu", v_scale=torch.ones(1, 2, device="meta"))
+    with pytest.raises(ValueError, match="k_scale: scales are for float8 caches only"):
+        PagedKVCache(4, 16, 2, 64, dtype=BF16, device="cpu", k_scale=0.5)  # would be ignored
+    with pytest.raises(ValueError, match="v_scale: scales are for float8 caches only"):
+        PagedKVCache(4, 16, 2, 64, dtype=BF16, device="cpu", v_scale=torch.ones(1, 2))
 
 
 def test_plan_for_fp8():

@@ -153,7 +153,8 @@ def test_engine_with_fixed_shape_steps_gives_solo_tokens():
 def test_engine_sharing_prompt_prefixes_gives_the_same_tokens():
     """n samples of two prompts (and a request alone) with share_prefix: each group's prompt pages
     attended once (group_prefix_decode) and merged with each sample's own keys give the tokens of
-    the engine that attends every sample's whole cache; greedy and seeded sampling."""
+    the engine that attends every sample's whole cache; greedy and seeded sampling. The greedy
+    samples and the lone request get transformers' own greedy tokens (fp32)."""
     model = _model(tf)
     g = torch.Generator().manual_seed(9)
     prompts = [torch.randint(3, 128, (n,), generator=g) for n in (37, 300, 50)]
@@ -170,6 +171,9 @@ def test_engine_sharing_prompt_prefixes_gives_the_same_tokens():
         groups = {k[2] for k in eng._state.graphs.steps}
         assert (max(groups) > 1) == share  # the grouped steps ran only when asked for
     assert outs[0] == outs[1]
+    for p, n, got in ((prompts[0], 9, outs[0][:3]), (prompts[2], 6, outs[0][5:])):
+        want = model.generate(p[None], max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert all(g == want[0, p.numel():].tolist() for g in got)
 
 
 def test_cuda_graph_must_be_a_bool():

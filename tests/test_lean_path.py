@@ -3,6 +3,7 @@ the device (no host read of cache_seqlens); batch-invariant mode; thread safety;
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_close_to_reference, make_inputs, to_paged
@@ -83,6 +84,8 @@ def test_bad_scalars_are_named():
             splitkv.decode(q, k, v, sl, softmax_scale=scale)
     with pytest.raises(TypeError, match="causal"):
         splitkv.decode(q, k, v, sl, causal=1)
+    with pytest.raises(TypeError, match=r"causal: expected a Python bool, got .* of <class 'numpy\.bool"):
+        splitkv.decode(q, k, v, sl, causal=np.bool_(True))  # the message names NumPy's type, not "bool"
     with pytest.raises(TypeError, match="batch_invariant"):
         splitkv.decode(q, k, v, sl, batch_invariant="yes")
 
@@ -196,6 +199,10 @@ def _in_batches(backend, device, dtype, *, narrow_alone=False, **variant):
 def test_batch_invariant_torch_backend():
     a, b, c = _in_batches("torch", "cpu", torch.float32)
     assert torch.equal(a, b) and torch.equal(a, c)
+    with splitkv.debug.capture_partials() as recs:  # the split path (the plan's table), not ATen's kernel
+        a, b, c = _in_batches("torch", "cpu", torch.float32)
+    assert torch.equal(a, b) and torch.equal(a, c)
+    assert all(int(r.num_splits.max()) > 1 for r in recs)  # the request (3000 keys) was split
 
 
 @pytest.mark.parametrize("variant", [dict(softcap=3.0), dict(sinks=torch.linspace(-1, 1, 8)),
@@ -250,14 +257,18 @@ def _threads(device, backend, streams, same_shape=False):
     assert not bad
 
 
-def test_threads_get_their_own_workspace_cpu():
-    _threads("cpu", "torch", streams=False)
+@pytest.mark.parametrize("same_shape", [False, True])
+def test_threads_get_their_own_workspace_cpu(same_shape):
+    """same_shape: the threads share one input signature, so only the per-thread plan keeps their
+    workspaces apart."""
+    _threads("cpu", "torch", streams=False, same_shape=same_shape)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_streams_get_their_own_workspace(backend):
-    _threads("cuda", backend, streams=True)
+@pytest.mark.parametrize("same_shape", [False, True])
+def test_streams_get_their_own_workspace(backend, same_shape):
+    _threads("cuda", backend, streams=True, same_shape=same_shape)
 
 
 @pytest.mark.gpu
