@@ -155,18 +155,33 @@ def test_an_unreadable_capture_id_is_none_never_an_error(monkeypatch):
 # --- strided int tensors -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_strided_seqlens_and_block_table(backend):
+def test_strided_seqlens_and_block_table(backend, device=None):
+    """A column of a 2-D lengths tensor and a column-strided block table give the contiguous
+    call's result: twice per signature (the second call may take the lean path of a bound launch),
+    with and without a plan."""
     lens = [900, 40, 333]
-    q, k, v, sl = make_inputs(3, 2, 8, 2, 64, lens, BF16, DEV if backend != "torch" else "cpu")
+    q, k, v, sl = make_inputs(3, 2, 8, 2, 64, lens, BF16, device or (DEV if backend != "torch" else "cpu"))
     both = torch.stack([sl, torch.full_like(sl, 10 ** 6)], 1)  # a column of a 2-D tensor: stride 2
-    o = splitkv.decode(q, k, v, both[:, 0], num_splits=3, backend=backend)
     ref = splitkv.decode(q, k, v, sl, num_splits=3, backend=backend)
-    assert torch.equal(o, ref)
+    p = splitkv.plan(sl, 8, 2, 64, q_len=2, num_splits=3, backend=backend)
+    for _ in range(2):
+        assert torch.equal(splitkv.decode(q, k, v, both[:, 0], num_splits=3, backend=backend), ref)
+        assert torch.equal(splitkv.decode(q, k, v, both[:, 0], plan=p), ref)
     kp, vp, bt = to_paged(k, v, lens, 16)
     wide = torch.full((bt.shape[0], 2 * bt.shape[1]), -1, dtype=torch.int32, device=bt.device)
     wide[:, ::2] = bt  # a column-strided view of a wider table
-    o = splitkv.decode(q, kp, vp, both[:, 0], block_table=wide[:, ::2], num_splits=3, backend=backend)
-    assert torch.equal(o, splitkv.decode(q, kp, vp, sl, block_table=bt, num_splits=3, backend=backend))
+    ref = splitkv.decode(q, kp, vp, sl, block_table=bt, num_splits=3, backend=backend)
+    p = splitkv.plan(sl, 8, 2, 64, q_len=2, num_splits=3, backend=backend, paged=True)
+    for _ in range(2):
+        o = splitkv.decode(q, kp, vp, both[:, 0], block_table=wide[:, ::2], num_splits=3, backend=backend)
+        assert torch.equal(o, ref)
+        assert torch.equal(splitkv.decode(q, kp, vp, both[:, 0], block_table=wide[:, ::2], plan=p), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_strided_seqlens_and_block_table(backend):
+    test_strided_seqlens_and_block_table(backend, device="cuda")
 
 
 # --- batch invariance ------------------------------------------------------------------------------------
