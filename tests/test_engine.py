@@ -263,14 +263,20 @@ def test_cancel_one_sample_of_a_prompt(model):
 
 def test_cancel_while_iterating_stream(model):
     """cancel() inside the stream() loop (the README's pattern): the request emits no token after
-    the one that led to its cancel; the other runs to its end; every page comes back."""
-    a, b = _prompt(30, 34), _prompt(45, 35)
+    the one that led to its cancel, not even one its last step already made (c is cancelled on
+    a's token, before c's token of that step is yielded); the others run to their end; every page
+    comes back."""
+    a, b, c = _prompt(30, 34), _prompt(45, 35), _prompt(20, 36)
     eng = E.Engine(model, num_pages=16, page_size=16)
-    ra, rb = (eng.add_request(p, 9, eos_token_id=None) for p in (a, b))
+    ra, rb, rc = (eng.add_request(p, 9, eos_token_id=None) for p in (a, b, c))
     outs: dict[int, list[int]] = {}
     for rid, tok, _ in eng.stream():
         outs.setdefault(rid, []).append(tok)
         if rid == rb and len(outs[rb]) == 3:
             assert eng.cancel(rb)
+        if rid == ra and len(outs[ra]) == 5:  # a's token comes before c's in a step: c's is dropped
+            assert eng.cancel(rc)
+            at_cancel = len(outs[rc])
     assert outs[ra] == _alone(model, a, 9) and outs[rb] == _alone(model, b, 9)[:3]
+    assert 0 < at_cancel == len(outs[rc]) and outs[rc] == _alone(model, c, 9)[:at_cancel]
     assert eng.cache.num_free_pages == 16

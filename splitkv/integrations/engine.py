@@ -124,6 +124,7 @@ class Engine:
         self._queue: deque[_Request] = deque()
         self._prefilling: deque[_Request] = deque()
         self._active: list[_Request] = []
+        self._dropped: set[int] = set()  # ids cancelled during the current step's stream() tokens
         self._next = 0
         self._transformers = hf._transformers()
         hf.register()
@@ -221,6 +222,7 @@ class Engine:
                 break
             else:
                 return False
+        self._dropped.add(request_id)
         if not self.pending:
             hf._set_attention(self.model, self._own)
         return True
@@ -341,9 +343,13 @@ class Engine:
 
     # ------------------------------------------------------------------ loops
     def stream(self):
-        """Yield (request id, token, finished) until every request has finished."""
+        """Yield (request id, token, finished) until every request has finished (a cancelled
+        one's tokens stop at its cancel, without a finished one)."""
         while self.pending:
-            yield from self.step()
+            self._dropped.clear()
+            for item in self.step():
+                if item[0] not in self._dropped:  # cancelled while this step's tokens were yielded
+                    yield item
 
     def run(self) -> dict[int, list[int]]:
         """Run every request to the end; returns request id -> generated token ids."""
