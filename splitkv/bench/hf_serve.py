@@ -60,6 +60,11 @@ def _due(trace, sent, now):
         sent += 1
 
 
+def _window(times, limit):
+    """Each request's token timestamps up to the cut (all of them without one)."""
+    return [[t for t in ts if limit is None or t <= limit] for ts in times]
+
+
 class SplitkvServer:
     """splitkv's Engine, made once (its CUDA graphs are kept across traces)."""
 
@@ -94,7 +99,7 @@ def _run_splitkv(eng, trace, limit=None) -> list[list[float]]:
             continue
         for rid, _, _ in eng.step():
             times[index[rid]].append(time.perf_counter() - t0)
-    return [[t for t in ts if limit is None or t <= limit] for ts in times]
+    return _window(times, limit)
 
 
 class TransformersServer:
@@ -137,7 +142,7 @@ def _run_transformers(manager, trace, limit=None) -> tuple[list[list[float]], bo
             for rid, i in index.items():
                 if i not in finished and hasattr(manager, "cancel_request"):
                     manager.cancel_request(rid)
-            return [[t for t in ts if t <= limit] for ts in times], True
+            return _window(times, limit), True
         for i in _due(trace, sent, now):
             r = trace[i]
             kw = {"record_timestamps": True} if stamps else {}

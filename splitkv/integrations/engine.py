@@ -199,33 +199,36 @@ class Engine:
         by one: the others go on (one whose prompt is still prefilling takes the prefill over).
         Returns False for an id that is unknown or already finished. Between steps (also while
         iterating stream(), whose tokens of a step are all emitted before the next step runs)."""
+        if not (self._drop_active(request_id) or self._drop_waiting(request_id)):
+            return False
+        self._dropped.add(request_id)
+        if not self.pending:
+            hf._set_attention(self.model, self._own)
+        return True
+
+    def _drop_active(self, request_id: int) -> bool:
         for i, r in enumerate(self._active):
             if r.rid == request_id:
                 self.cache.free(r.sid)
                 r.sid = None
                 del self._active[i]
-                break
-        else:
-            for waiting in (self._queue, self._prefilling):
-                for i, lead in enumerate(waiting):
-                    if lead.rid == request_id:
-                        if lead.followers:  # the next sample leads (and prefills) in its place
-                            waiting[i] = _promote(lead)
-                        else:
-                            del waiting[i]
-                        break
-                    if any(f.rid == request_id for f in lead.followers):
-                        lead.followers = [f for f in lead.followers if f.rid != request_id]
-                        break
-                else:
-                    continue
-                break
-            else:
-                return False
-        self._dropped.add(request_id)
-        if not self.pending:
-            hf._set_attention(self.model, self._own)
-        return True
+                return True
+        return False
+
+    def _drop_waiting(self, request_id: int) -> bool:
+        """Remove a queued or prefilling request (a lead or one of its followers)."""
+        for waiting in (self._queue, self._prefilling):
+            for i, lead in enumerate(waiting):
+                if lead.rid == request_id:
+                    if lead.followers:  # the next sample leads (and prefills) in its place
+                        waiting[i] = _promote(lead)
+                    else:
+                        del waiting[i]
+                    return True
+                if any(f.rid == request_id for f in lead.followers):
+                    lead.followers = [f for f in lead.followers if f.rid != request_id]
+                    return True
+        return False
 
     @property
     def queued(self) -> int:
