@@ -237,8 +237,17 @@ def query_tiles(rows: int, block_m: int) -> int:
 # the several waves. Uniform batches never trigger it (their one-wave plan is balanced).
 # The grid's split dimension must cover that re-plan, and every CTA past a request's split count
 # still launches and exits (see WORK_LIST_MIN_SAVING for what that costs). So when batch x
-# groups already fills the GPU (uniform batches then run unsplit), the grid keeps only
-# FULL_GRID_MAX_SPLITS splits: enough to cut a ragged batch's longest requests into a few CTAs.
+# groups already fills the GPU (uniform batches then run unsplit), the split kernel runs a work list
+# of ragged_target items instead (`listed`): as many CTAs as a grid of RAGGED_SPLITS_PER_REQUEST
+# columns, but any request may take up to the ragged re-plan's splits. H200, graph replay, GQA 32/8
+# D 128, lengths 1K..128K geometric, a grid of 4 columns (the earlier rule, which capped every
+# request at 4 splits: makespan 2.17x / 1.58x / 1.20x the ideal at B = 17 / 24 / 32) vs the list
+# (benchmarks/results/2026-12-05-h200-full-grid): Triton B=17 637.5 -> 474.9 us, B=24 817.6 ->
+# 646.6, B=32 992.5 -> 840.3; CuTe 611.5 -> 478.1, 784.6 -> 654.1, 972.1 -> 849.1; uniform rows
+# level (B=24 32K Triton 839.2 -> 847.3, CuTe 839.1 -> 835.8; B=32 4K 126.4 -> 128.4 / 124.9 ->
+# 125.2); fp8 e4m3 uniform full batches lose their surplus columns' cost (B=16 MHA 32K 1196.6 ->
+# 977.6, B=64 GQA 32K 1201.6 -> 980.9). Where a request cannot use more than FULL_GRID_MAX_SPLITS
+# splits anyway (short bounds), the grid of that many columns stays.
 BALANCE = 1.25
 RAGGED_SPLITS_PER_REQUEST = 4
 
@@ -275,6 +284,8 @@ class SplitRule:
     # a sliding window bounds the keys a request's queries can see to span_cap = Sq + left
     # (splitkv.variants.first_key): requests are split over those keys only; UNBOUNDED = no window
     span_cap: int = UNBOUNDED
+    # auto, batch x groups fills the GPU: the split kernel runs a work list (see BALANCE)
+    listed: bool = False
 
 
 def split_rule(*, batch: int, groups_per_request: int, block_n: int, max_seqlen: int, num_sms: int,
@@ -310,9 +321,10 @@ def _split_rule(*, batch: int, groups_per_request: int, block_n: int, max_seqlen
         return SplitRule("auto", block_n, 1, min_tiles=min_tiles)
     target = max(1, num_sms * blocks_per_sm // groups_per_request)
     ragged = max(target, RAGGED_SPLITS_PER_REQUEST * batch)
-    grid = ragged if batch * groups_per_request < num_sms else FULL_GRID_MAX_SPLITS
-    s = max(1, min(MAX_SPLITS, cdiv(bound_tiles, min_tiles), grid))
-    return SplitRule("auto", block_n, s, target=target, ragged_target=ragged, min_tiles=min_tiles)
+    s = max(1, min(MAX_SPLITS, cdiv(bound_tiles, min_tiles), ragged))
+    listed = batch * groups_per_request >= num_sms and s > FULL_GRID_MAX_SPLITS  # a grid otherwise
+    return SplitRule("auto", block_n, s, target=target, ragged_target=ragged, min_tiles=min_tiles,
+                     listed=listed)
 
 
 def _splits(tiles: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -386,12 +398,12 @@ def work_items(rule: SplitRule, batch: int) -> int | None:
     """Items of the split kernel's work list for this rule (an upper bound on the splits of the
     whole batch), or None where the (split, request) grid is used (forced and fixed rules, where
     every request may take max_splits; rules with ragged headroom; grids the list would not
-    shrink enough): see WORK_LIST_MIN_SAVING."""
-    if rule.mode != "auto" or rule.max_splits == 1 or rule.ragged_target > rule.target:
+    shrink enough): see WORK_LIST_MIN_SAVING; always for a `listed` rule (see BALANCE)."""
+    if rule.mode != "auto" or rule.max_splits == 1 or (rule.ragged_target > rule.target and not rule.listed):
         return None
     full = batch * rule.max_splits
     items = min(max(rule.ragged_target, rule.target, batch), full)
-    return items if items * WORK_LIST_MIN_SAVING <= full else None
+    return items if rule.listed or items * WORK_LIST_MIN_SAVING <= full else None
 
 
 def work_list(num_splits: torch.Tensor, items: int) -> torch.Tensor:

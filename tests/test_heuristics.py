@@ -56,10 +56,21 @@ def test_ragged_batch_is_balanced(num_sms, bps):
 
 
 def test_full_grid_ragged_batch_splits_its_long_requests():
-    """B x groups >= SMs: uniform batches stay unsplit, a ragged one cuts its longest requests."""
+    """B x groups >= SMs: uniform batches stay unsplit, a ragged one cuts its longest requests as
+    finely as the balance needs (a work list, not FULL_GRID_MAX_SPLITS columns), in 4 x B items."""
     rule, n, c = _sched(RAGGED, num_sms=66)
-    assert rule.max_splits == H.FULL_GRID_MAX_SPLITS and n[-1] == H.FULL_GRID_MAX_SPLITS and n[0] == 1
+    assert rule.listed and n[-1] > H.FULL_GRID_MAX_SPLITS and n[0] == 1
+    assert sum(n) <= H.work_items(rule, len(RAGGED)) == H.RAGGED_SPLITS_PER_REQUEST * len(RAGGED)
+    works = _works(RAGGED, n, c)
+    assert max(works) <= H.BALANCE * sum(works) / len(works)
     assert _sched([32768] * 16, num_sms=66)[1] == [1] * 16
+
+
+def test_full_grid_short_bound_keeps_the_grid():
+    """A full GPU whose bound allows no more than FULL_GRID_MAX_SPLITS splits: the grid, no list."""
+    rule = H.split_rule(batch=64, groups_per_request=8, block_n=64, max_seqlen=1024, num_sms=132)
+    assert not rule.listed and 1 < rule.max_splits <= H.FULL_GRID_MAX_SPLITS
+    assert H.work_items(rule, 64) is None
 
 
 def test_uniform_batch_fills_one_wave():
@@ -71,7 +82,7 @@ def test_uniform_batch_fills_one_wave():
 
 def test_no_split_when_grid_already_full():
     rule, n, c = _sched([32768] * 16, hkv=32)  # 512 CTAs
-    assert rule.max_splits == H.FULL_GRID_MAX_SPLITS and n == [1] * 16
+    assert rule.listed and n == [1] * 16
 
 
 def test_no_split_for_short_sequences():

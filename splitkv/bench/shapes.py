@@ -5,10 +5,11 @@ Suites
          minus the combinations whose K+V exceed KV_CAP_BYTES (the same cut PEERS.md made).
   full   (default) peers + paged page_size 16 (the FlashInfer rows of PEERS.md), Sq=4 causal
          (speculative verify), ragged batches (lengths spread geometrically 1K-128K, contiguous and
-         paged; evenly spaced 1K-128K, paged) and head-dim 64 / 256 spot checks.
+         paged; evenly spaced 1K-128K, paged; B=32 geometric, paged) and head-dim 64 / 256 spot checks.
   headline  every shape PEERS.md gives a number for (its SDPA table: 14 contiguous shapes; its
          FlashInfer table: 8 paged page_size 16 shapes; its graph-replay table is a subset of the
-         first) + the ragged batches B=16, lengths 1K-128K spread geometrically and evenly, paged 16. The suite of
+         first) + the ragged batches B=16, lengths 1K-128K spread geometrically and evenly, and B=32
+         spread geometrically, paged 16. The suite of
          `bash benchmarks/gpu_run.sh bench` (eager no-plan / plan / graph vs the peers).
   variants  attention variants next to plain decode on the same shape (B=1 GQA 32/8): a 4K sliding
          window over a 128K cache (and plain 4K / 128K), softcap 30, attention sinks, ALiBi at 32K;
@@ -232,7 +233,13 @@ def variants_suite() -> list[Shape]:
 def headline_suite() -> list[Shape]:
     out = [make_shape(B, L, Hq, Hkv, tags=("grid",)) for B, L, Hq, Hkv in PEERS_MD_SDPA]
     ragged = make_shape(16, spread_lengths(16, 1024, 131072), 32, 8, page_size=16, tags=("ragged", "paged"))
-    return out + paged_peer_shapes() + [ragged, ragged_linear_shape()] + fp8_shapes()
+    return out + paged_peer_shapes() + [ragged, ragged_linear_shape(), full_gpu_ragged_shape()] + fp8_shapes()
+
+
+def full_gpu_ragged_shape() -> Shape:
+    """B=32, lengths 1K..128K spread geometrically, GQA 32/8, paged 16: a ragged batch whose
+    B x KV heads (256) already fills the GPU's SMs (heuristics: the work-list rule, `listed`)."""
+    return make_shape(32, spread_lengths(32, 1024, 131072), 32, 8, page_size=16, tags=("ragged", "paged"))
 
 
 def full_suite() -> list[Shape]:
@@ -243,6 +250,7 @@ def full_suite() -> list[Shape]:
     out.append(make_shape(16, ragged, 32, 8, tags=("ragged",)))
     out.append(make_shape(16, ragged, 32, 8, page_size=16, tags=("ragged", "paged")))
     out.append(ragged_linear_shape())
+    out.append(full_gpu_ragged_shape())
     for B, L, Hq, Hkv, D in ((1, 32768, 32, 8, 64), (16, 4096, 32, 32, 64), (1, 32768, 32, 8, 256),
                              (16, 4096, 32, 32, 256)):
         out.append(make_shape(B, L, Hq, Hkv, D, tags=("headdim",)))
