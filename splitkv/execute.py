@@ -162,11 +162,11 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
             return res
     if out is not None:
         validate.check_out(out, None, prob, q)
-    copied = not cache_seqlens.is_contiguous()
+    copied, bt_copied = not cache_seqlens.is_contiguous(), False
     if copied:  # the kernels read lengths (and table rows) unit-stride
         cache_seqlens = cache_seqlens.contiguous()
     if block_table is not None and block_table.stride(-1) != 1:
-        block_table = block_table.contiguous()
+        block_table, bt_copied = block_table.contiguous(), True
     own_plan = plan is None
     # lengths and page ids: read on the host only where that is free (a decode on the CPU, with or
     # without a plan) or asked for (SPLITKV_DEBUG=1); on a GPU with a plan they are the caller's contract
@@ -200,7 +200,9 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
                         scale, causal, variant)
     if debug.active():
         debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
-    elif lean and key is not None and (out is None or out.is_contiguous()):  # bound for a contiguous o
+    # bound for a contiguous o; never for strided lengths or table: the lean path would pass the
+    # caller's strided tensors where the kernels read the copies made above
+    elif lean and key is not None and not (copied or bt_copied) and (out is None or out.is_contiguous()):
         _remember(prob.memo, q, k_cache, v_cache, cache_seqlens, block_table, plan, own_plan, o, lse, scale, causal,
                   batch_invariant, variant)
     return (o, lse) if return_lse else o

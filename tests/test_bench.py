@@ -310,14 +310,15 @@ def test_rows_measured_before_a_crash_are_written(tmp_path, monkeypatch):
 def test_headline_suite_covers_peers_md_and_the_ragged_batch():
     suite = shapes.suite("headline")
     names = [s.name for s in suite]
-    assert len(names) == len(set(names)) == 14 + 8 + 2 + 6  # + the fp8 rows
+    assert len(names) == len(set(names)) == 14 + 8 + 3 + 6  # + the fp8 rows
     for B, L, Hq, Hkv in shapes.PEERS_MD_SDPA:
         assert shapes.make_shape(B, L, Hq, Hkv).name in names
     for B, L, Hq, Hkv in shapes.PEERS_MD_PAGED:
         assert shapes.make_shape(B, L, Hq, Hkv, page_size=16).name in names
-    geo, ragged = [s for s in suite if not s.uniform]
+    geo, ragged, fills = [s for s in suite if not s.uniform]
     assert list(geo.seqlens) == list(shapes.spread_lengths(16, 1024, 131072)) and geo.page_size == 16
     assert list(ragged.seqlens) == torch.linspace(1024, 131072, 16).int().tolist()
+    assert list(fills.seqlens) == list(shapes.spread_lengths(32, 1024, 131072)) and fills.page_size == 16
     assert (ragged.batch, ragged.num_q_heads, ragged.num_kv_heads, ragged.head_dim, ragged.page_size) == (
         16, 32, 8, 128, 16)
     assert ragged.name == "b16-ragged1k-128k-lin-h32x8-d128-paged16"
