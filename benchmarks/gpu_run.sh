@@ -12,14 +12,16 @@ has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
   python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)";
   python -c "import cutlass;print('cutlass-dsl ok')" 2>&1 | tail -1; date -u; } | tee "$OUT/env.txt"
-if has tests; then  # GPU_TEST_JOBS=n: n pytest processes over contiguous slices (tests/conftest.py), compiling at once
+if has tests; then  # GPU_TEST_JOBS=n: n pytest processes over contiguous slices (tests/conftest.py), compiling at once;
+  # GPU_TEST_SHARDS="0 1": run only those slices (the whole suite at 4 jobs outlasts one 600 s call: split it)
   jobs=${GPU_TEST_JOBS:-1}
-  for ((i = 0; i < jobs; i++)); do
+  shards=${GPU_TEST_SHARDS:-$(seq 0 $((jobs - 1)))}
+  for i in $shards; do
     SPLITKV_TEST_SHARD=$i/$jobs python -m pytest -m gpu ${GPU_TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider \
       --durations=5 >"$OUT/gpu_tests_$i.log" 2>&1 &
   done
   wait
-  for ((i = 0; i < jobs; i++)); do tail -25 "$OUT/gpu_tests_$i.log"; done | tee "$OUT/gpu_tests.log"
+  for i in $shards; do tail -25 "$OUT/gpu_tests_$i.log"; done | tee "$OUT/gpu_tests.log"
 fi
 if has demo; then python -m splitkv demo 2>&1 | tee "$OUT/demo.log"; fi
 # tile sweep: each backend's planner tile vs forced (block_n x warps x stages) tiles, graph replay,
