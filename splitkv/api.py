@@ -56,9 +56,10 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
             and v_scale is None:
         variant = V.PLAIN
     else:
-        variant = V.make(window_size, softcap, sinks, alibi_slopes, num_q_heads=q.shape[2] if q.dim() == 4 else -1,
-                         device=q.device, k_scale=k_scale, v_scale=v_scale, kv_dtype=getattr(k_cache, "dtype", None),
-                         num_kv_heads=k_cache.shape[2] if getattr(k_cache, "dim", lambda: 0)() == 4 else -1)
+        validate.check_tensors(q, k_cache, v_cache, cache_seqlens)  # before the variant reads their shapes
+        variant = V.make(window_size, softcap, sinks, alibi_slopes, num_q_heads=q.shape[2], device=q.device,
+                         k_scale=k_scale, v_scale=v_scale, kv_dtype=k_cache.dtype,
+                         num_kv_heads=k_cache.shape[2] if k_cache.dim() == 4 else -1)
         if variant.plain:  # e.g. window_size=[-1, -1]: the plain call, lean path included
             variant = V.PLAIN
     if torch.compiler.is_compiling():

@@ -243,7 +243,7 @@ class PagedKVCache:
     def positions(self, seq_ids: Sequence[int], num_tokens: int, layer: int = 0) -> torch.Tensor:
         """int64 [N, num_tokens] positions the next num_tokens of each sequence will take in layer
         `layer` (rotate q with splitkv.apply_rope at these before appending its K)."""
-        if not isinstance(num_tokens, int) or num_tokens < 0:
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
             raise ValueError(f"num_tokens: expected an int >= 0, got {num_tokens!r}")
         seqs = self._lookup(self._ids(seq_ids))
         start = torch.tensor([s.lens[self._check_layer(layer)] for s in seqs], dtype=torch.int64)
@@ -507,6 +507,6 @@ class PagedKVCache:
         if lengths is None:
             return [T] * n
         counts = lengths.tolist() if hasattr(lengths, "tolist") else list(lengths)  # tensor / NumPy -> ints
-        if len(counts) != n or any(not isinstance(c, int) or not 0 <= c <= T for c in counts):
+        if len(counts) != n or any(not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= T for c in counts):
             raise ValueError(f"lengths: expected {n} ints in [0, T={T}], got {counts}")
         return counts

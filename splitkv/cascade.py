@@ -40,6 +40,8 @@ def _prefix_as_request(prefix_k, prefix_v, prefix_len, prefix_block_table, devic
         if prefix_block_table.dtype != torch.int32:
             raise TypeError(f"prefix_block_table: expected dtype int32, got {prefix_block_table.dtype}")
         k, v, table = prefix_k, prefix_v, prefix_block_table.reshape(1, -1)
+    if not isinstance(v, torch.Tensor) or v.dtype != k.dtype:
+        raise TypeError(f"prefix_v: dtype {getattr(v, 'dtype', type(v).__name__)} does not match prefix_k's {k.dtype}")
     capacity = k.shape[1] if table is None else table.shape[1] * k.shape[1]
     if isinstance(prefix_len, torch.Tensor):
         if prefix_len.numel() != 1:
@@ -47,6 +49,10 @@ def _prefix_as_request(prefix_k, prefix_v, prefix_len, prefix_block_table, devic
                              f"{tuple(prefix_len.shape)}")
         if prefix_len.dtype.is_floating_point or prefix_len.dtype.is_complex or prefix_len.dtype == torch.bool:
             raise TypeError(f"prefix_len: expected an integer tensor, got dtype {prefix_len.dtype}")
+        if (prefix_len.device.type == "cpu" and not torch.compiler.is_compiling()  # free to read on the host
+                and not 0 <= int(prefix_len) <= capacity):
+            raise ValueError(f"prefix_len: expected a length in [0, {capacity}] (the prefix's capacity), "
+                             f"got {int(prefix_len)}")
         seqlens = prefix_len.reshape(1).to(device=device, dtype=torch.int32)
     elif isinstance(prefix_len, int) and not isinstance(prefix_len, bool) and 0 <= prefix_len <= capacity:
         seqlens = torch.tensor([prefix_len], dtype=torch.int32, device=device)
@@ -94,6 +100,9 @@ def cascade_decode(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_len: in
             raise ValueError(f"suffix_seqlens: every suffix must hold the Sq = {Sq} new tokens (causal), "
                              f"got a length of {short}")
     pk, pv, p_lens, p_table = _prefix_as_request(prefix_k, prefix_v, prefix_len, prefix_block_table, q.device)
+    if B == 0:  # no request: the suffix pass alone gives the empty result (and checks the suffix arguments)
+        return decode(q, suffix_k, suffix_v, suffix_seqlens, block_table=suffix_block_table, causal=causal,
+                      softmax_scale=softmax_scale, num_splits=num_splits, return_lse=return_lse, backend=backend)
 
     # [B, Sq, Hkv, G, D] -> [1, Sq, Hkv*B*G, D] with heads ordered (kv head, request, group)
     q_p = q.reshape(B, Sq, Hkv, G, D).permute(1, 2, 0, 3, 4).reshape(1, Sq, Hkv * B * G, D)

@@ -43,8 +43,21 @@ def attend_new_keys(o: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, new_k: 
     positions; with causal (bottom-right) query t sees new keys 0..t, else all Sq.
     Returns (o [B, Sq, Hq, D] in o's dtype, lse [B, Hq, Sq] fp32): the state over both key sets.
     NaN in any input propagates to the rows it reaches."""
+    for name, t in (("o", o), ("lse", lse), ("q", q), ("new_k", new_k), ("new_v", new_v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device} but q is on {q.device}")
     if q.dim() != 4:
         raise ValueError(f"q: expected rank 4 [B, Sq, Hq, D], got shape {tuple(q.shape)}")
+    for name, t in (("new_k", new_k), ("new_v", new_v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} does not match q's dtype {q.dtype}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+                                      or not math.isfinite(softmax_scale) or softmax_scale <= 0):
+        raise ValueError(f"softmax_scale: expected a finite positive float, got {softmax_scale!r}")
     B, T, H, D = q.shape
     if new_k.dim() != 4 or new_k.shape[:2] != q.shape[:2] or new_k.shape[3] != D or new_k.shape != new_v.shape:
         raise ValueError(f"new_k/new_v: expected [B, Sq, Hkv, D] with B, Sq, D = {(B, T, D)}, got "

@@ -114,12 +114,18 @@ def check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, sof
     return key, prob
 
 
-def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
-                         backend: str) -> Problem:
+def check_tensors(q, k_cache, v_cache, cache_seqlens) -> None:
+    """The tensor arguments are tensors and q is 4-D (checked first, also before a variant's own
+    arguments are read against q's shape)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
         _need(isinstance(t, torch.Tensor), TypeError, f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    check_backend(backend)
     _need(q.dim() == 4, ValueError, f"q: expected rank 4 [B, Sq, Hq, D], got shape {tuple(q.shape)}")
+
+
+def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
+                         backend: str) -> Problem:
+    check_tensors(q, k_cache, v_cache, cache_seqlens)
+    check_backend(backend)
     allowed = LOW_DTYPES + ((torch.float32,) if backend in ("torch", "auto") else ())
     _need(q.dtype in allowed, TypeError,
           f"q: expected dtype in {allowed} for backend {backend!r}, got {q.dtype}")
@@ -166,6 +172,8 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
               f"block_table: expected shape [{B}, max_pages], got {tuple(block_table.shape)}")
         _need(block_table.device == q.device, ValueError, f"block_table: on {block_table.device} but q is on {q.device}")
         page_size = k_cache.shape[1]
+        _need(page_size >= 1, ValueError,
+              f"k_cache: page size (dim 1 of a paged cache) must be >= 1, got shape {tuple(k_cache.shape)}")
         max_seqlen = block_table.shape[1] * page_size
     return Problem(B, Sq, Hq, Hkv, D, max_seqlen, page_size, q.dtype, k_cache.dtype in FP8_DTYPES)
 
@@ -188,8 +196,10 @@ def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, n
     if max_seqlen is not None:
         _need(isinstance(max_seqlen, int) and not isinstance(max_seqlen, bool) and max_seqlen >= 1, ValueError,
               f"max_seqlen: expected a positive int, got {max_seqlen!r}")
-    elif cache_seqlens.numel() and cache_seqlens.device.type == "cpu":
+    if cache_seqlens.numel() and cache_seqlens.device.type == "cpu":  # free to read here (no device sync)
         _need(int(cache_seqlens.min()) >= 0, ValueError, "cache_seqlens: lengths must be >= 0")
+        _need(max_seqlen is None or int(cache_seqlens.max()) <= max_seqlen, ValueError,
+              f"cache_seqlens: longest length {int(cache_seqlens.max())} exceeds max_seqlen {max_seqlen}")
     check_backend(backend)
     _need(isinstance(paged, bool), TypeError, f"paged: expected a bool, got {type(paged).__name__}")
     _need(isinstance(batch_invariant, bool), TypeError,

@@ -256,6 +256,8 @@ def test_bad_inputs():
         (ValueError, "v: shape", lambda: c.append([s], x, torch.zeros(1, 2, HKV, D))),
         (ValueError, "layer", lambda: c.append([s], x, x, 1)),
         (ValueError, "lengths", lambda: c.append([s], x, x, lengths=[2])),
+        (ValueError, "lengths", lambda: c.append([s], x, x, lengths=[True])),  # a bool is no count
+        (ValueError, "num_tokens", lambda: c.positions([s], True)),
         (ValueError, "rope.rotary_dim", lambda: c.append([s], x, x, rope=RopeConfig(rotary_dim=8))),
         (ValueError, "max_pages", lambda: c.batch([s], max_pages=1)),
         (ValueError, "sid", lambda: c.free(s + 7)),

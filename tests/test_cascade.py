@@ -119,9 +119,19 @@ def test_cascade_validates_inputs():
         cascade_decode(q, pk, pv, 10, sk[:, :, :1], sv[:, :, :1], sl, backend="torch")
     with pytest.raises(TypeError, match="q: expected a torch.Tensor"):
         cascade_decode(None, pk, pv, 10, sk, sv, sl, backend="torch")
+    with pytest.raises(ValueError, match="prefix_len: expected a length in \\[0, 13\\]"):  # a tensor past it
+        cascade_decode(q, pk, pv, torch.tensor(14), sk, sv, sl, backend="torch")
+    with pytest.raises(TypeError, match="prefix_v: dtype"):
+        cascade_decode(q, pk, pv.double(), 10, sk, sv, sl, backend="torch")
     pool = torch.randn(4, 4, 2, 64)
     with pytest.raises(TypeError, match="prefix_block_table: expected dtype int32"):
         cascade_decode(q, pool, pool, 8, sk, sv, sl, prefix_block_table=torch.tensor([0, 1]), backend="torch")
+
+
+def test_cascade_of_no_request_is_empty():
+    q, pk, pv, sk, sv, sl, _, _ = _problem(2, 1, 8, 2, 64, 10, [1, 5], torch.float32)
+    o, lse = cascade_decode(q[:0], pk, pv, 10, sk[:0], sv[:0], sl[:0], return_lse=True, backend="torch")
+    assert o.shape == (0, 1, 8, 64) and lse.shape == (0, 8, 1)
 
 
 @pytest.mark.gpu

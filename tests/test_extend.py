@@ -90,6 +90,17 @@ def test_bad_shapes_name_the_argument():
         attend_new_keys(o, lse[:, :, :1], q, nk, nv)
     with pytest.raises(ValueError, match="^o:"):
         attend_new_keys(o[:, :1], lse, q, nk, nv)
+    with pytest.raises(TypeError, match="new_k: expected a torch.Tensor"):
+        attend_new_keys(o, lse, q, nk.tolist(), nv)
+    with pytest.raises(TypeError, match="lse: expected a torch.Tensor"):
+        attend_new_keys(o, None, q, nk, nv)
+    with pytest.raises(TypeError, match="new_v: dtype"):
+        attend_new_keys(o, lse, q, nk, nv.double())
+    with pytest.raises(TypeError, match="causal"):
+        attend_new_keys(o, lse, q, nk, nv, causal=1)
+    for bad in (0.0, -1.0, math.inf, math.nan, True):
+        with pytest.raises(ValueError, match="softmax_scale"):
+            attend_new_keys(o, lse, q, nk, nv, softmax_scale=bad)
 
 
 @pytest.mark.gpu

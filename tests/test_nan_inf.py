@@ -90,6 +90,21 @@ def test_torch_backend_nan_propagates_with_few_keys(L, Sq):
         assert (o.double()[ok] - ro[ok]).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["torch"] + (["triton"] if backends.triton_available() else []))
+@pytest.mark.parametrize("Sq, L, num_splits", [(3, 8, None), (1, 40, None), (1, 40, 3), (2, 40, 1)])
+def test_an_overflowing_score_is_nan_not_an_empty_row(backend, Sq, L, num_splits):
+    """Finite inputs whose q . k overflows fp32: the score is +inf, and exp(inf - inf) has no answer.
+    The row is NaN (as SDPA gives), never o = 0, lse = -inf (the empty row) nor a result without
+    that key: an overflowed lse must not pass for FlashAttention's +inf "no key"."""
+    q = torch.zeros(1, Sq, 3, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, L, 1, 64, dtype=torch.bfloat16)
+    v = torch.randn(1, L, 1, 64, dtype=torch.bfloat16)
+    q[..., 0], k[0, 2, 0, 0] = 1e20, 1e20  # q . k = 1e40 > fp32 max
+    o, lse = splitkv.decode(q, k, v, torch.tensor([L], dtype=torch.int32), num_splits=num_splits, return_lse=True,
+                            backend=backend)
+    assert lse.isnan().all() and o.isnan().all()
+
+
 def test_reference_keeps_nan_of_a_hidden_value_away():
     """A value a query cannot see (after it, causal; outside its window) never reaches its output in
     the fp64 reference (0 x NaN would be NaN). The kernels' P @ V may let it through, as SDPA's does

@@ -142,6 +142,31 @@ def test_plan_rejects_what_decode_would():
     assert splitkv.plan(sl, 8, 2, 64, kv_dtype=torch.bfloat16).batch == 2
 
 
+def test_plan_checks_cpu_lengths_against_max_seqlen():
+    """A graph-safe plan (max_seqlen given) still reads CPU lengths, where reading is free."""
+    for bad, match in (([-5, 3], "lengths must be >= 0"), ([9, 3], "longest length 9 exceeds max_seqlen 8")):
+        with pytest.raises(ValueError, match=f"cache_seqlens: {match}"):
+            splitkv.plan(torch.tensor(bad, dtype=torch.int32), 8, 2, 64, max_seqlen=8)
+    assert splitkv.plan(torch.tensor([8, 0], dtype=torch.int32), 8, 2, 64, max_seqlen=8).batch == 2
+
+
+def test_variant_calls_check_q_before_reading_its_shape():
+    q, k, v, sl = _ok()
+    with pytest.raises(TypeError, match="q: expected a torch.Tensor, got list"):
+        splitkv.decode(q.tolist(), k, v, sl, softcap=1.0)
+    with pytest.raises(ValueError, match="q: expected rank 4"):
+        splitkv.decode(q[:, 0], k, v, sl, sinks=torch.zeros(8))
+    with pytest.raises(TypeError, match="k_cache: expected a torch.Tensor"):
+        splitkv.decode(q, None, v, sl, window_size=(4, 0))
+
+
+def test_paged_cache_of_page_size_zero():
+    q, _, _, sl = _ok()
+    pool = torch.zeros(2, 0, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="k_cache: page size"):
+        splitkv.decode(q, pool, pool, sl * 0, block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
 def test_as_int():
     """An integer (Python, NumPy, 0-d integer tensor) as a Python int; anything else (bools and
     floats too, -1.0 included) None."""

@@ -153,6 +153,16 @@ def test_head_dims(backend, D):
         _check(o, lse, ro, rl, dtype)
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("softcap", [1e8, 1e4, 50.0, 0.3])
+def test_softcap_keeps_its_scores_at_any_cap(backend, softcap):
+    """A cap far above the scores leaves them (nearly) unchanged: tanh must not cancel to 0 there."""
+    q, k, v, sl = make_inputs(1, 1, 2, 1, 64, [64], torch.float16, seed=3)
+    ro = decode_reference(q, k, v, sl, softcap=softcap)[0]
+    o = splitkv.decode(q, k, v, sl, softcap=softcap, backend=backend)
+    assert (o.double() - ro).abs().max() < 2e-3
+
+
 def test_window_is_split_aware():
     """The planner splits only the keys a window shows, and no split reads a key before it."""
     rule = SplitRule("forced", 16, 4, splits=4, span_cap=1 + 64)

@@ -224,11 +224,16 @@ def _attend(q, k, v, out, lse, scale):
     Hkv = k.shape[2]
     G = Hq // Hkv
     if k.shape[1] < _FLASH_MIN_KEYS:
-        _attend_short(q, k, v, out, lse, scale, G)
+        _attend_short(q, k, v, out, lse, scale, G)  # o is NaN there already
+        lse.masked_fill_(lse == math.inf, math.nan)  # an overflowed score (see below)
         return
     qp = q.reshape(n, Hkv, G, D) if Sq == 1 else q.unflatten(2, (Hkv, G)).permute(0, 2, 3, 1, 4).reshape(
         n, Hkv, G * Sq, D)  # rows (g, t) of each KV head
     o, lse_p = _flash_cpu(qp, k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    # lse = +inf here is a score that overflowed fp32 (finite inputs), not FlashAttention's "no key"
+    # (ATen gives o = 0 there): NaN, as SDPA gives, so no merge takes the row for an empty one
+    overflow = lse_p == math.inf
+    o, lse_p = o.masked_fill(overflow[..., None], math.nan), lse_p.masked_fill(overflow, math.nan)
     if Sq == 1 and out.is_contiguous():
         out.view(n, Hkv, G, D).copy_(o)
     else:
