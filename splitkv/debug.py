@@ -4,7 +4,9 @@
         splitkv.decode(q, k, v, seqlens)
     rec = records[0]   # DecodeRecord: plan, lse_part [S, B, Hq, Sq], o_part [S, B, Hq, Sq, D] (cpu)
 
-Only the first plan.num_splits[b] splits of request b are meaningful. Capturing copies the
+Only the first plan.num_splits[b] splits of request b are meaningful; a request of one split
+holds its final state there (o in the output's dtype, lse with any sinks joined): the kernels
+write such a request straight to the output, not to the partials. Capturing copies the
 partials to the host after each call, so it synchronises: use it for diagnostics, not in serving.
 """
 
@@ -47,12 +49,17 @@ def active() -> bool:
 
 
 def record(plan: DecodePlan, cache_seqlens: torch.Tensor, o_part: torch.Tensor | None, lse_part: torch.Tensor | None,
-           lse: torch.Tensor) -> None:
+           lse: torch.Tensor, o: torch.Tensor) -> None:
+    """o [B, Sq, Hq, D], lse [B, Hq, Sq]: the call's output (one-split requests' split 0, see above)."""
+    lse_f = lse.detach().float().cpu()
+    num_splits = plan.num_splits.detach().cpu().clone()
     if o_part is None:
-        lse_p, o_p = lse.detach().float().cpu()[None].clone(), None
+        lse_p, o_p = lse_f[None].clone(), None
     else:
         lse_p, o_p = lse_part.detach().cpu().clone(), o_part.detach().cpu().clone()
-    rec = DecodeRecord(plan, cache_seqlens.detach().cpu().clone(), plan.num_splits.detach().cpu().clone(),
-                       lse_p, o_p)
+        one = num_splits[: lse_f.shape[0]] == 1
+        lse_p[0, one] = lse_f[one]
+        o_p[0, one] = o.detach().float().cpu().transpose(1, 2)[one]
+    rec = DecodeRecord(plan, cache_seqlens.detach().cpu().clone(), num_splits, lse_p, o_p)
     for records in _ACTIVE:
         records.append(rec)

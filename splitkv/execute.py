@@ -199,7 +199,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         plan.module.run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part, plan.lse_part, o, lse,
                         scale, causal, variant)
     if debug.active():
-        debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse)
+        debug.record(plan, cache_seqlens, plan.o_part, plan.lse_part, lse, o)
     # bound for a contiguous o; never for strided lengths or table: the lean path would pass the
     # caller's strided tensors where the kernels read the copies made above
     elif lean and key is not None and not (copied or bt_copied) and (out is None or out.is_contiguous()):

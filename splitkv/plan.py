@@ -342,7 +342,8 @@ def plan(cache_seqlens: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_
     None reads max(cache_seqlens) on the host once, here. For CUDA graphs: pass max_seqlen, capture
     `p.refresh(cache_seqlens)` once per step and the decode calls; replays follow new lengths.
     batch_invariant: a fixed chunk length per split, so a request's output does not depend on the
-    rest of the batch (bitwise); see heuristics.BATCH_INVARIANT_CHUNK_KEYS for its cost.
+    rest of the batch (bitwise); see heuristics.BATCH_INVARIANT_CHUNK_KEYS for its cost. That holds
+    for lengths up to max_seqlen: a longer one still decodes correctly, but in fewer, longer chunks.
     window_size / softcap / sinks / alibi_slopes: the attention variant the calls will pass (as
     decode takes them; sinks and alibi_slopes only need their presence and shape here): a sliding
     window makes the plan split only the keys the window shows. kv_dtype, k_scale, v_scale: for

@@ -24,6 +24,7 @@ planner's count, `--num-splits N` forces N.
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +136,10 @@ def draw(rep: LseReport, path, requests=None, title: str = "") -> Path:
     flagged = sorted({a.request for a in rep.anomalies})
     if requests is None:
         requests = sorted(set(list(range(min(B, 4))) + flagged))[:MAX_PANELS]
+    requests = list(requests)
+    if not requests or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < B for b in requests):
+        raise ValueError(f"requests: expected a non-empty list of request indices in [0, {B}), got {requests!r}"
+                         + (" (the batch is empty: nothing to draw)" if B == 0 else ""))
     rows = max(int(rep.num_splits[requests].max()), 1)
     width = min(max(6.5, 3 + 0.22 * H * T), 14)
     fig = Figure(figsize=(width, 2.0 + min(0.25 * rows, 5) * len(requests)), layout="constrained")
@@ -235,6 +240,13 @@ def _random_inputs(args, device):
 def heatmap_main(argv: list[str] | None = None) -> int:
     ap = heatmap_parser()
     args = ap.parse_args(argv)
+    try:
+        return _heatmap(ap, args)
+    except (ValueError, TypeError, OSError, RuntimeError, pickle.UnpicklingError) as e:
+        ap.error(f"{type(e).__name__}: {e}")  # bad inputs or backend: one line, exit code 2, no traceback
+
+
+def _heatmap(ap, args) -> int:
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(auto if args.device == "auto" else args.device)

@@ -146,6 +146,10 @@ def test_inputs_are_checked(hf, tf, fp32_case):
         hf.generate(model, ids, 2, attention_mask=mask * 2)
     with pytest.raises(ValueError, match="input_ids: expected at least one row and one token"):
         hf.generate(model, ids[:, :0], 2)
+    with pytest.raises(ValueError, match=r"input_ids: token ids must be in \[0, 128\)"):
+        hf.generate(model, ids + 1000, 2)
+    with pytest.raises(TypeError, match="input_ids: expected integer token ids"):
+        hf.generate(model, ids.float(), 2)
     for bad in ("a", -1.0, True):
         with pytest.raises(TypeError, match="pad_token_id"):
             hf.generate(model, ids, 2, pad_token_id=bad)

@@ -115,6 +115,39 @@ def test_heatmap_cli_bad_flags_are_usage_errors(tmp_path, flags, capsys):
     assert e.value.code == 2 and flags[0] in capsys.readouterr().err  # argparse's error, naming the flag
 
 
+@pytest.mark.parametrize("flags", [["--backend", "bogus"], ["--out", "/proc/no/h.png"]], ids=str)
+def test_heatmap_cli_errors_of_the_run_are_one_line(tmp_path, flags, capsys):
+    base = ["--out", str(tmp_path / "x.png"), "--device", "cpu", "--seqlen", "64", "--heads", "4/2", "--head-dim", "64"]
+    with pytest.raises(SystemExit) as e:
+        viz.heatmap_main(base + flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and err.strip().splitlines()[-1].startswith("python -m")
+
+
+def test_heatmap_requests_must_name_requests_of_the_batch(tmp_path):
+    q, k, v = torch.randn(2, 1, 4, 64), torch.randn(2, 64, 2, 64), torch.randn(2, 64, 2, 64)
+    sl = torch.tensor([64, 10], dtype=torch.int32)
+    for bad in ([], [9], [-1]):
+        with pytest.raises(ValueError, match="requests: expected a non-empty list"):
+            viz.lse_heatmap(q, k, v, sl, out=tmp_path / "r.png", requests=bad, backend="torch", echo=False)
+
+
 def test_heatmap_of_an_empty_cache(tmp_path):
     assert viz.heatmap_main(["--out", str(tmp_path / "e.png"), "--device", "cpu", "--seqlen", "0", "--heads", "4/2",
                              "--head-dim", "64"]) == 0
+
+
+@pytest.mark.parametrize("backend", ["torch"] + (["triton"] if splitkv.backends.triton_available() else []))
+def test_a_one_split_request_records_its_final_state(backend):
+    """In a plan that splits, a request of one split is written straight to the output by the
+    kernels: its recorded split 0 is that output, never stale workspace (the heat map reads it)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 1, 4, 32, generator=g).half()
+    k, v = torch.randn(2, 3, 1500, 2, 32, generator=g).half().unbind(0)
+    lens = torch.tensor([1500, 100, 0], dtype=torch.int32)
+    with splitkv.debug.capture_partials() as recs:
+        o, lse = splitkv.decode(q, k, v, lens, return_lse=True, backend=backend)
+    rec = recs[0]
+    assert rec.num_splits[0] > 1 and rec.num_splits[1:].tolist() == [1, 1]
+    assert torch.equal(rec.lse_part[0, 1:], lse[1:].float())
+    assert torch.equal(rec.o_part[0, 1:], o[1:].float().transpose(1, 2))

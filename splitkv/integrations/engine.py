@@ -147,12 +147,7 @@ class Engine:
         ids = torch.as_tensor(input_ids)
         if ids.dim() != 1 or ids.numel() == 0:
             raise ValueError(f"input_ids: expected a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise TypeError(f"input_ids: expected integer token ids, got dtype {ids.dtype}")
-        vocab = self.model.get_input_embeddings().num_embeddings
-        lo, hi = int(ids.min()), int(ids.max())  # once per request, on its prompt
-        if lo < 0 or hi >= vocab:
-            raise ValueError(f"input_ids: token ids must be in [0, {vocab}) (the model's vocabulary), got [{lo}, {hi}]")
+        hf.check_token_ids(self.model, ids)  # once per request, on its prompt
         ids = ids.to(device=self.device, dtype=torch.long)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")

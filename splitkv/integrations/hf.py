@@ -225,6 +225,16 @@ def _model_dims(model):
     return Hkv, D, cfg.num_hidden_layers
 
 
+def check_token_ids(model, ids: torch.Tensor) -> None:
+    """Integer ids inside the model's vocabulary (one host read of min / max per prompt)."""
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"input_ids: expected integer token ids, got dtype {ids.dtype}")
+    vocab = model.get_input_embeddings().num_embeddings
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"input_ids: token ids must be in [0, {vocab}) (the model's vocabulary), got [{lo}, {hi}]")
+
+
 def _prompt_lengths(input_ids, attention_mask):
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(f"input_ids: expected a 2-D tensor [B, S], got "
@@ -298,6 +308,7 @@ def prefill(model, input_ids, attention_mask=None, *, max_new_tokens=0, page_siz
     transformers = _transformers()
     Hkv, D, num_layers = _model_dims(model)
     n = _prompt_lengths(input_ids, attention_mask)
+    check_token_ids(model, input_ids)
     B, S = input_ids.shape
     lengths = n.tolist()
     if attention_mask is None:
