@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from . import backends
+from . import backends, validate
 
 
 def _new_state_torch(q, new_k, new_v, scale: float, causal: bool):
@@ -53,11 +53,8 @@ def attend_new_keys(o: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, new_k: 
     for name, t in (("new_k", new_k), ("new_v", new_v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name}: dtype {t.dtype} does not match q's dtype {q.dtype}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
-                                      or not math.isfinite(softmax_scale) or softmax_scale <= 0):
-        raise ValueError(f"softmax_scale: expected a finite positive float, got {softmax_scale!r}")
+    validate.check_causal(causal)
+    validate.check_softmax_scale(softmax_scale)
     B, T, H, D = q.shape
     if new_k.dim() != 4 or new_k.shape[:2] != q.shape[:2] or new_k.shape[3] != D or new_k.shape != new_v.shape:
         raise ValueError(f"new_k/new_v: expected [B, Sq, Hkv, D] with B, Sq, D = {(B, T, D)}, got "

@@ -105,13 +105,24 @@ def check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, sof
         key = prob = None
     if prob is not None:
         return key, prob
-    _need(isinstance(causal, bool), TypeError, f"causal: expected a Python bool, got {causal!r} of {type(causal)}")
+    check_causal(causal)
     prob = _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend)
     if key is not None:
         if len(_SEEN) > 1024:
             _SEEN.clear()
         _SEEN[key] = prob
     return key, prob
+
+
+def check_causal(causal) -> None:
+    _need(isinstance(causal, bool), TypeError, f"causal: expected a Python bool, got {causal!r} of {type(causal)}")
+
+
+def check_softmax_scale(softmax_scale) -> None:
+    if softmax_scale is not None:
+        _need(isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+              and math.isfinite(softmax_scale) and softmax_scale > 0, ValueError,
+              f"softmax_scale: expected a finite positive float, got {softmax_scale!r}")
 
 
 def check_tensors(q, k_cache, v_cache, cache_seqlens) -> None:
@@ -155,10 +166,7 @@ def _check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, num_sp
     _need(cache_seqlens.dtype == torch.int32, TypeError, f"cache_seqlens: expected dtype int32, got {cache_seqlens.dtype}")
     _need(cache_seqlens.device == q.device, ValueError, f"cache_seqlens: on {cache_seqlens.device} but q is on {q.device}")
     check_num_splits(num_splits)
-    if softmax_scale is not None:
-        _need(isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
-              and math.isfinite(softmax_scale) and softmax_scale > 0, ValueError,
-              f"softmax_scale: expected a finite positive float, got {softmax_scale!r}")
+    check_softmax_scale(softmax_scale)
 
     if block_table is None:
         _need(k_cache.shape[0] == B, ValueError,
@@ -197,9 +205,10 @@ def check_plan_args(cache_seqlens, num_q_heads, num_kv_heads, head_dim, q_len, n
         _need(isinstance(max_seqlen, int) and not isinstance(max_seqlen, bool) and max_seqlen >= 1, ValueError,
               f"max_seqlen: expected a positive int, got {max_seqlen!r}")
     if cache_seqlens.numel() and cache_seqlens.device.type == "cpu":  # free to read here (no device sync)
-        _need(int(cache_seqlens.min()) >= 0, ValueError, "cache_seqlens: lengths must be >= 0")
-        _need(max_seqlen is None or int(cache_seqlens.max()) <= max_seqlen, ValueError,
-              f"cache_seqlens: longest length {int(cache_seqlens.max())} exceeds max_seqlen {max_seqlen}")
+        lo, hi = cache_seqlens.aminmax()
+        _need(int(lo) >= 0, ValueError, "cache_seqlens: lengths must be >= 0")
+        _need(max_seqlen is None or int(hi) <= max_seqlen, ValueError,
+              f"cache_seqlens: longest length {int(hi)} exceeds max_seqlen {max_seqlen}")
     check_backend(backend)
     _need(isinstance(paged, bool), TypeError, f"paged: expected a bool, got {type(paged).__name__}")
     _need(isinstance(batch_invariant, bool), TypeError,
