@@ -55,12 +55,11 @@ SM90_SMEM_PER_SM = 228 * 1024
 
 def cutlass_split_smem(head_dim: int, block_m: int, paged: bool, kv_fp8: bool = False) -> int:
     """Shared memory of the CuTe split kernel's split tile at `head_dim` (the query tile, the K/V
-    ring of cutlass_tile(splitting=True) — fp8: 1-byte stages plus one fp16 K/V tile they are
-    converted into — and 1 KB of alignment slack): SplitConfig.smem_bytes, which a test holds
-    this to."""
+    ring of cutlass_tile(splitting=True), fp8 stages at 1 byte a value, and 1 KB of alignment
+    slack): SplitConfig.smem_bytes, which a test holds this to."""
     block_n, stages = cutlass_tile(head_dim, splitting=True, paged=paged, kv_fp8=kv_fp8)
     padded = padded_head_dim(head_dim)
-    ring = stages * 2 * block_n * padded * (1 if kv_fp8 else 2) + (2 * block_n * padded * 2 if kv_fp8 else 0)
+    ring = stages * 2 * block_n * padded * (1 if kv_fp8 else 2)
     return block_m * padded * 2 + ring + 1024
 
 
@@ -91,8 +90,8 @@ def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m
     contiguous; results/2026-12-03-h200-paged/). Triton fp8: two (the note above)."""
     if target != "cutlass":
         return BLOCKS_PER_SM
-    want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: a CTA's conversion
-    # pass and its MMAs run in series, so a second CTA per SM overlaps them where it fits
+    want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: its conversions
+    # sit between the ldmatrix and the MMA of every k-block; a second CTA per SM overlaps them
     fit = SM90_SMEM_PER_SM // (cutlass_split_smem(head_dim, block_m, paged, kv_fp8) + 1024)
     return max(1, min(want, fit))
 
@@ -567,8 +566,8 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_
     (streams_in_waves) takes WAVES_TILE whether its grid may split or not.
 
     fp8 caches (D 128 / 256): 1-byte stages, so block_n 128 at D 128 (64 at 256) x 3 stages keeps
-    D 128 bf16's 32 KB per stage in flight; one CTA per SM (the fp16 tile the stages convert into
-    takes another 64 KB). First choice by that byte count, not yet swept.
+    D 128 bf16's 32 KB per stage in flight; two CTAs per SM (101 KB each at D 128). First choice
+    by that byte count.
     """
     padded = padded_head_dim(head_dim)  # 80 and 96 run on 128-column tiles (constants.padded_head_dim)
     if kv_fp8:

@@ -45,8 +45,8 @@ class SplitConfig:
     columns: 80 and 96 run as 128, zero-padded in shared memory only). softcap / alibi / window
     compile the attention variants' score code in (splitkv.variants; sinks are a runtime pointer:
     they enter once per row, where a row's output is final). kv_fp8 ("e4m3" / "e5m2", D 128 / 256):
-    the K/V stages hold the cache's fp8 bytes; each tile is converted in shared memory into one
-    fp16 K/V tile and the MMAs run in fp16 (fp8.py); dtype stays the query / output dtype.
+    the K/V stages hold the cache's fp8 bytes, converted in registers as the fp16 MMAs load them
+    (fp8.py); dtype stays the query / output dtype.
     """
 
     dtype: str
@@ -108,11 +108,6 @@ class SplitConfig:
         return 2 * self.block_n * self.padded_dim * (1 if self.kv_fp8 else self.elem_bytes)
 
     @property
-    def convert_bytes(self) -> int:
-        """fp8: the fp16 K and V tile each stage is converted into (0 otherwise)."""
-        return 2 * self.block_n * self.padded_dim * 2 if self.kv_fp8 else 0
-
-    @property
     def reduce_bytes(self) -> int:
         """Epilogue scratch: every warp's fp32 [16, D] output and its row max / sum."""
         pitch = self.padded_dim + 4  # epilogue.scratch_layouts pads rows by 4 floats
@@ -122,7 +117,7 @@ class SplitConfig:
     def smem_bytes(self) -> int:
         q = self.block_m * self.padded_dim * self.elem_bytes
         # the epilogue scratch reuses the K/V ring once the pipeline has drained
-        return q + max(self.num_stages * self.kv_stage_bytes + self.convert_bytes, self.reduce_bytes) + 1024
+        return q + max(self.num_stages * self.kv_stage_bytes, self.reduce_bytes) + 1024
 
     @property
     def name(self) -> str:

@@ -48,12 +48,11 @@ Measured alternatives (H200, bf16 D 128, CUDA-graph replay, 2026-11-29; benchmar
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64
 
-from splitkv.backends.cutlass import layouts, score_mod
+from splitkv.backends.cutlass import fp8, layouts, score_mod
 from splitkv.backends.cutlass.config import MMA_M, NUM_THREADS, SplitConfig
 from splitkv.backends.cutlass.epilogue import Outputs, merge_and_store, scratch_layouts, stash_warp_state
-from splitkv.backends.cutlass.fp8 import convert_chunks, load_q_tile_f16
 from splitkv.backends.cutlass.fused_merge import is_last_arrival, merge_partials
 from splitkv.backends.cutlass.mainloop import WarpAttention
 from splitkv.backends.cutlass.paging import KVRows, gmem_vec, load_kv_tile, load_q_tile, lookup_pages
@@ -156,20 +155,13 @@ class SplitKernel:
 
             smem = cutlass.utils.SmemAllocator()
             sQ = smem.allocate_tensor(self.mma, layouts.smem_tile(BM, DP), 1024)
-            # one region: the K and V rings (fp8: and the fp16 tile they convert into), later
-            # overlaid by the epilogue's fp32 scratch
+            # one region: the K and V rings, later overlaid by the epilogue's fp32 scratch
             ring = smem.allocate(cfg.smem_bytes - BM * DP * cfg.elem_bytes - 1024, 1024)
             sFlag = smem.allocate_tensor(Int32, cute.make_layout(1), 4)  # fused merge: "this CTA is last"
             kv_dtype = self.kv_dtype
             kv_layout = layouts.smem_tile(BN, KW, ST)
             sK = cute.make_tensor(cute.recast_ptr(ring, dtype=kv_dtype), kv_layout)
             sV = cute.make_tensor(cute.recast_ptr(ring, dtype=kv_dtype) + cute.cosize(kv_layout), kv_layout)
-            sKc = sVc = None  # fp8: the fp16 K / V tile of the tile being computed on
-            if cutlass.const_expr(F8):
-                c_layout = layouts.smem_tile(BN, DP)
-                sKc = cute.make_tensor(cute.recast_ptr(ring, dtype=Float16) + 2 * cute.cosize(kv_layout), c_layout)
-                sVc = cute.make_tensor(cute.recast_ptr(ring, dtype=Float16) + 2 * cute.cosize(kv_layout)
-                                       + cute.cosize(c_layout), c_layout)
 
             qcopy = layouts.g2s_copy(self.mma)
             gcopy = layouts.g2s_copy(kv_dtype)
@@ -189,7 +181,7 @@ class SplitKernel:
                 pages = cute.make_rmem_tensor(cute.make_layout(cute.size(tKcK, mode=[1])), Int32)
             # prologue: Q and the first num_stages - 1 tiles, one commit group per tile (a bf16 Q
             # for fp16 MMAs: converted after the tiles are in flight)
-            if cutlass.const_expr(self.mma is self.dtype):
+            if cutlass.const_expr(not F8):
                 load_q_tile(qcopy, self.dtype, D, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
             for t in cutlass.range_constexpr(ST - 1):
                 if t < n_tiles:
@@ -201,8 +193,8 @@ class SplitKernel:
             if cutlass.const_expr(cfg.paged):
                 if ST - 1 < n_tiles:
                     lookup_pages(kv, tKcK, start + (ST - 1) * BN, end, pages)
-            if cutlass.const_expr(self.mma is not self.dtype):
-                load_q_tile_f16(self.dtype, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
+            if cutlass.const_expr(F8):
+                fp8.load_q_tile_f16(self.dtype, q, q_strides, sQ, tQcQ, row0, num_rows, group, b, kvh)
             if cutlass.const_expr(F8):  # per-KV-head fp8 scales (per-tensor ones came folded in)
                 if k_scales != 0:
                     scale_log2 = scale_log2 * gmem_vec(Float32, k_scales + Int64(kvh) * 4, 1, 4)[0]
@@ -243,18 +235,12 @@ class SplitKernel:
                 cute.arch.cp_async_commit_group()
                 stage = t % ST
                 n0 = start + t * BN
-                sKt = sKc
-                sVt = sVc
-                if cutlass.const_expr(F8):  # this thread's own chunks of tile t -> the fp16 tile
-                    convert_chunks(tKsK[None, None, None, stage], tKcK, sKc, F8)
-                    convert_chunks(tVsV[None, None, None, stage], tKcK, sVc, F8)
-                    cute.arch.barrier()
+                sK_w = cute.local_tile(sK[None, None, stage], (KPW, KW), (wn, 0))  # fp8: [keys, D / 2] pairs
+                sV_w = cute.local_tile(sV[None, None, stage], (KPW, KW), (wn, 0))
+                if cutlass.const_expr(F8):
+                    acc_s = fp8.scores(wa, sK_w, F8)
                 else:
-                    sKt = sK[None, None, stage]
-                    sVt = sV[None, None, stage]
-                sK_w = cute.local_tile(sKt, (KPW, DP), (wn, 0))
-                sV_w = cute.local_tile(sVt, (KPW, DP), (wn, 0))
-                acc_s = wa.scores(sK_w)
+                    acc_s = wa.scores(sK_w)
                 if cutlass.const_expr(cfg.softcap or cfg.alibi):
                     score_mod.apply(acc_s, wa.s_coords, n0 + wn * KPW, rows, cfg.softcap, pre_mul)
                 if cutlass.const_expr(cfg.window):
@@ -263,7 +249,10 @@ class SplitKernel:
                 elif n0 + BN > mask_from:
                     score_mod.mask(acc_s, wa.s_coords, n0 + wn * KPW, rows)
                 sm.update(acc_s, wa.acc_o)
-                wa.accumulate(acc_s, sV_w)
+                if cutlass.const_expr(F8):
+                    fp8.accumulate(wa, acc_s, sV_w, F8)
+                else:
+                    wa.accumulate(acc_s, sV_w)
 
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()  # the K/V ring is free: the epilogue scratch overlays it
@@ -276,6 +265,8 @@ class SplitKernel:
             sMax = cute.make_tensor(scratch + cute.cosize(red_layout), stats_layout)
             sSum = cute.make_tensor(scratch + cute.cosize(red_layout) + cute.cosize(stats_layout), stats_layout)
             sRed_w = cute.local_tile(sRed[None, None, wn], (MMA_M, DP), (wm, 0))
+            if cutlass.const_expr(F8):  # the accumulator's columns in the order V's pairs gave them
+                sRed_w = cute.composition(sRed_w, fp8.out_columns(DP))
             stash_warp_state(wa, sm, sRed_w, sMax, sSum, wn, wm * MMA_M, lane)
             cute.arch.barrier()
             outs = Outputs(self.dtype, n_splits == 1, b, kvh, split, group, out, out_strides, lse,
