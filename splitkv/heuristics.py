@@ -567,7 +567,7 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_
 
     fp8 caches (D 128 / 256): 1-byte stages, so block_n 128 at D 128 (64 at 256) x 3 stages keeps
     D 128 bf16's 32 KB per stage in flight; two CTAs per SM (101 KB each at D 128). First choice
-    by that byte count.
+    by that byte count; not swept for the register-converting kernel (fp8.py).
     """
     padded = padded_head_dim(head_dim)  # 80 and 96 run on 128-column tiles (constants.padded_head_dim)
     if kv_fp8:

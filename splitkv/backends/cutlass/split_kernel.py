@@ -179,8 +179,8 @@ class SplitKernel:
             pages = None
             if cutlass.const_expr(cfg.paged):
                 pages = cute.make_rmem_tensor(cute.make_layout(cute.size(tKcK, mode=[1])), Int32)
-            # prologue: Q and the first num_stages - 1 tiles, one commit group per tile (a bf16 Q
-            # for fp16 MMAs: converted after the tiles are in flight)
+            # prologue: Q and the first num_stages - 1 tiles, one commit group per tile (fp8: Q is
+            # converted to fp16 and stored in K's pair order after the tiles are in flight)
             if cutlass.const_expr(not F8):
                 load_q_tile(qcopy, self.dtype, D, q, q_strides, tQsQ, tQcQ, row0, num_rows, group, b, kvh)
             for t in cutlass.range_constexpr(ST - 1):
