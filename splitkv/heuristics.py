@@ -535,6 +535,10 @@ def streams_in_waves(rule: SplitRule, batch: int, bound: int, groups_per_request
     return rule.max_splits == 1 or uniform_chunk_keys(rule, batch, bound) >= bound
 
 
+# CuTe fp8 split tile at D <= 128 (block_n, stages): cutlass_tile's docstring has its sweep.
+FP8_TILE = (128, 4)
+
+
 def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_fp8: bool = False,
                  waves: bool = False) -> tuple[int, int]:
     """(block_n, num_stages) of the CuTe DSL split kernel at `head_dim`.
@@ -565,13 +569,17 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_
     waves: a D 128 contiguous plan whose CTAs stream whole sequences in several waves
     (streams_in_waves) takes WAVES_TILE whether its grid may split or not.
 
-    fp8 caches (D 128 / 256): 1-byte stages, so block_n 128 at D 128 (64 at 256) x 3 stages keeps
-    D 128 bf16's 32 KB per stage in flight; two CTAs per SM (101 KB each at D 128). First choice
-    by that byte count; not swept for the register-converting kernel (fp8.py).
+    fp8 caches: 1-byte stages, so block_n 128 at D 128 (64 at 256) keeps D 128 bf16's 32 KB per
+    stage. D 128 takes 4 stages (133 KB: one CTA per SM, three stages in flight while it computes
+    on the fourth). Tile sweep of the register-converting kernel (fp8.py; H100, graph replay, e4m3,
+    results/2026-12-05-h100-fp8-tiles/), 128x3 (two per SM) / 128x4 / 128x5 / 64x4 / 128x2: B=1
+    GQA 32/8 128K 100.7 / 97.9 / - / 109.6 / 108.0 us, paged 16 105.6 / 102.9 / 103.4; B=16 GQA
+    32K 370.3 / 358.3 / - / 408.5 / 395.0, paged 383.7 / 378.9 / 379.1; B=1 MHA 32K 99.7 / 97.6 /
+    98.0, paged 103.1 / 100.2 / 100.8. D 256: 64 x 3 (two per SM), not swept.
     """
     padded = padded_head_dim(head_dim)  # 80 and 96 run on 128-column tiles (constants.padded_head_dim)
     if kv_fp8:
-        block_n, stages = (128, 3) if padded <= 128 else (64, 3)
+        block_n, stages = FP8_TILE if padded <= 128 else (64, 3)
     elif padded == 64:
         block_n, stages = 128, 3
     elif waves and head_dim == 128 and not paged:
@@ -599,9 +607,21 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_
 # logits differ from transformers' by 0.136 / 0.160 (B=1 / 4) vs Triton's 0.148 / 0.164.
 AUTO_CUTLASS = True
 AUTO_CUTLASS_MIN_SPLITS = 2
-# fp8 caches: `auto` takes the cutlass kernel (fp8.py) by the same rule once it has measured
-# ahead of Triton's fp8 path on the H200; until then Triton.
-AUTO_CUTLASS_FP8 = False
+# fp8 caches: `auto` takes the cutlass kernel (fp8.py, FP8_TILE) for contiguous caches with one
+# query per head, split or not, and Triton's fp8 path for paged caches and multi-token queries.
+# H100 (not the H200: none was lent), graph replay, each backend's own graph-safe plan, e4m3, rounds
+# interleaved, cutlass / Triton (results/2026-12-05-h100-fp8-tiles/probe_fp8_auto.txt, fp8.md):
+# contiguous B=1 GQA 32/8 128K 98.3 / 102.3 us, B=16 GQA 32K 362.0 / 371.0, B=1 MHA 32K 96.6 /
+# 101.0, B=4 GQA 4K 18.9 / 19.9, B=8 GQA 128K 720.6 / 730.3, B=16 MHA 32K 1430.9 / 1447.8, B=64
+# GQA 32K 1450.5 / 1470.7, B=1 D 256 32K 59.0 / 77.9; level: B=1 GQA 4K 10.8 / 10.6, GQA 64/8 32K
+# 33.7 / 33.5, ragged B=16 1K..128K 354.3 / 352.5. Behind: Sq 4 (B=1 GQA 32K) 37.4 / 34.6; paged
+# 16 B=16 GQA 32K 383.8 / 370.7, B=1 GQA 4K 11.7 / 11.0 (B=1 GQA 128K 101.9 / 101.5, B=16 MHA 32K
+# 1459.5 / 1468.2, B=8 GQA 128K 735.2 / 733.9).
+AUTO_CUTLASS_FP8 = True
+
+
+def auto_prefers_cutlass_fp8(paged: bool, q_len: int) -> bool:
+    return AUTO_CUTLASS_FP8 and not paged and q_len == 1
 
 
 def auto_prefers_cutlass(max_splits: int) -> bool:

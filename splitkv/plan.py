@@ -261,8 +261,10 @@ def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, var
     if name == "cutlass" and not cutlass_ok:  # SPLITKV_BACKEND=cutlass over 'auto': what it cannot run goes to triton
         name = "triton"
     if (backend != "auto" or name != "triton" or not backends.auto_cutlass_here(device) or not layout_ok
-            or not cutlass_ok or (prob.kv_fp8 and not H.AUTO_CUTLASS_FP8)):
+            or not cutlass_ok):
         return name, backend == "auto"
+    if prob.kv_fp8:
+        return ("cutlass" if H.auto_prefers_cutlass_fp8(prob.page_size is not None, prob.q_len) else "triton"), True
     splits = _rule("cutlass", prob, **kw)[2].max_splits
     return ("cutlass" if kw["batch_invariant"] or H.auto_prefers_cutlass(splits) else "triton"), True
 

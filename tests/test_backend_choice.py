@@ -106,8 +106,10 @@ def test_cutlass_takes_fp8_caches_at_its_head_dims():
     sl = torch.tensor([32768], dtype=torch.int32)
     f8 = torch.float8_e4m3fn
     p = splitkv.plan(sl, 32, 8, 128, kv_dtype=f8, k_scale=0.5, v_scale=0.5, num_sms=132, backend="cutlass")
-    assert p.backend == "cutlass" and (p.tile.block_n, p.tile.num_stages) == (128, 3)
-    assert p.rule.target == 33  # two fp8 CTAs per SM (101 KB each: stages only, converted in registers)
+    assert p.backend == "cutlass" and (p.tile.block_n, p.tile.num_stages) == heuristics.FP8_TILE == (128, 4)
+    assert p.rule.target == 16  # one fp8 CTA per SM (133 KB: four 32 KB stages, converted in registers)
+    p256 = splitkv.plan(sl, 32, 8, 256, kv_dtype=f8, k_scale=0.5, v_scale=0.5, num_sms=132, backend="cutlass")
+    assert (p256.tile.block_n, p256.tile.num_stages, p256.rule.target) == (64, 3, 33)  # two per SM
     with pytest.raises(ValueError, match=r"fp8 caches: \(128, 256\)"):
         splitkv.plan(sl, 32, 8, 64, kv_dtype=f8, k_scale=0.5, v_scale=0.5, backend="cutlass")
     with pytest.raises(ValueError, match="softcap"):
@@ -127,3 +129,17 @@ def test_triton_fp8_plans_aim_at_two_ctas_per_sm_as_bf16_ones_do():
     one = splitkv.plan(torch.tensor([131072], dtype=torch.int32), 32, 8, 128, **fp8)
     assert one.rule.target == 33 and one.num_splits.tolist() == [32]  # 128-key tiles: 1024 = 32 x 32
     assert heuristics.blocks_per_sm("triton", True, 128, 16, True) == heuristics.BLOCKS_PER_SM
+
+
+@pytest.mark.skipif(not backends.cutlass_available(), reason="makes cutlass plans: needs nvidia-cutlass-dsl")
+def test_auto_takes_cutlass_for_contiguous_fp8_caches_with_one_query(sm90):
+    """heuristics.auto_prefers_cutlass_fp8: contiguous fp8 caches with Sq 1 run on the CuTe kernel,
+    split or not (D 128 / 256); paged caches, Sq > 1 and the head dims it lacks stay on Triton."""
+    f8 = dict(kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0, num_sms=132)
+
+    def chosen(B=1, L=32768, D=128, q_len=1, paged=False):
+        return splitkv.plan(torch.full((B,), L, dtype=torch.int32), 32, 8, D, q_len=q_len, paged=paged, **f8).backend
+
+    assert chosen() == chosen(D=256) == chosen(B=64) == "cutlass"  # B=64: one split per request
+    assert chosen(paged=True) == chosen(q_len=4) == chosen(D=64) == "triton"
+    assert heuristics.auto_prefers_cutlass_fp8(False, 1) and not heuristics.auto_prefers_cutlass_fp8(True, 1)

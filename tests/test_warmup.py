@@ -89,7 +89,7 @@ def test_compile_variant_filters_select_the_model_subset():
     names = _names(head_dims=(128,), dtypes=("bfloat16",), group_sizes=(4,), q_lens=(1, 4), kv_formats=("bf16",))
     # the fp8 caches' kernels of the same model: one tile for split and unsplit plans
     fp8 = _names(head_dims=(128,), dtypes=("bfloat16",), group_sizes=(4,), kv_formats=("e4m3",))
-    assert fp8 == {"split_bfloat16_d128_m16_n128_s3_dense_kve4m3", "split_bfloat16_d128_m16_n128_s3_paged_kve4m3",
+    assert fp8 == {"split_bfloat16_d128_m16_n128_s4_dense_kve4m3", "split_bfloat16_d128_m16_n128_s4_paged_kve4m3",
                    "merge_float32_to_bfloat16_d128", "merge_bfloat16_to_bfloat16_d128"}
     # GQA 4 x Sq 1 / 4 = 4 / 16 rows -> block_m 16; split (n64 s3), unsplit (n128 s2) and several-wave
     # (n128 s3) dense tiles, paged n64 s3

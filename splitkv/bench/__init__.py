@@ -31,6 +31,7 @@ Row schema (JSON "rows"; one row per shape x dtype x provider; null where not me
                           --no-graph, or when capture failed (see note)
   graph_calls      int    calls captured in one graph
   graph_replays    int    replays behind graph_us
+  graph_captures_us  list  µs per call of each fresh capture (graph_us is the least)
   host_us          float  host (CPU) µs per call: host_calls calls issued back to back without
                           synchronising, wall time / host_calls, median of 3 loops (what
                           bench --host-breakdown measures); a call that syncs internally pays

@@ -37,7 +37,7 @@ ERR_WARN = 2e-2  # rel_err above this is flagged in the table (bf16 rows are ~1e
 FIELDS = (
     "shape", "provider", "kind", "status", "note", "dtype", "batch", "num_q_heads", "num_kv_heads",
     "head_dim", "q_len", "causal", "page_size", "seqlen_max", "seqlen_total", "bytes",
-    "eager_us", "eager_reps", "graph_us", "graph_calls", "graph_replays", "host_us", "host_calls",
+    "eager_us", "eager_reps", "graph_us", "graph_calls", "graph_replays", "graph_captures_us", "host_us", "host_calls",
     "eager_tbps", "graph_tbps", "eager_pct_sol", "graph_pct_sol",
     "eager_vs_best_peer", "graph_vs_best_peer", "best_peer_eager", "best_peer_graph",
     "max_abs_err", "rel_err", "graph_max_abs_err", "graph_rel_err", "err_scope", "plan", "graph_plan",

@@ -66,7 +66,9 @@ def _first_call(provider, case):
             raise
 
 
-def measure(case, ref, provider, cfg: Config, dtype: str) -> dict:
+def measure(case, ref, provider, cfg: Config, dtype: str, graph: bool = True) -> dict:
+    """One row: check, eager and host timing, then (graph=True) GRAPH_CAPTURES graph captures in a
+    row. run() passes graph=False and takes the captures itself, interleaved across providers."""
     shape = case.shape
     row = new_row(shape, provider, dtype, case.elem_bytes, row_command(cfg, shape, provider, dtype))
     reason = provider.unsupported(case)
@@ -98,53 +100,83 @@ def measure(case, ref, provider, cfg: Config, dtype: str) -> dict:
             except Exception as exc:  # noqa: BLE001 - a host-loop failure is the row's note, not the run's
                 row["note"] = (row["note"] + "; " if row["note"] else "") + "host: " + _short(exc)
     session.close()
-    if cfg.graph and case.device.type == "cuda":
-        if not provider.graphable:
-            row["note"] = (row["note"] + "; " if row["note"] else "") + provider.graph_note
-        else:
-            _measure_graph(case, ref, provider, cfg, row)
+    if graph and _graphs(case, provider, cfg, row):
+        for _ in range(GRAPH_CAPTURES):
+            graph_capture(case, ref, provider, cfg, row)
+        row.pop("graph_failed", None)
     return row
 
 
-# Each graph row times this many fresh captures of its calls and keeps the fastest. On the H200
-# (2026-12-04, results/2026-12-04-h200-layout/probe_settle.py) the first capture after the
-# case's fp64 reference ran B=1 GQA 32/8 32K at 40.2-40.5 us per call in 13 of 15 trials, with
-# pauses of 0-1 s or another graph in between, and the next capture at 36.5-36.6 every time (a
-# fresh process: 36.4); the first provider of every shape (splitkv-<backend>-noplan) took that
-# penalty alone. Its cause is not known.
+# Each graph row times this many fresh captures of its calls and keeps the fastest; run() takes them
+# in rounds over the shape's providers (capture 1 of every provider, then capture 2 ...), so no
+# provider's row is only captures taken first at its shape. On the H200 (2026-12-04,
+# results/2026-12-04-h200-layout/probe_settle.py) the first capture after the case's fp64
+# reference ran B=1 GQA 32/8 32K at 40.2-40.5 us per call in 13 of 15 trials and the next at
+# 36.5-36.6. On the H100 (2026-12-05, benchmarks/probes/probe_first_graph.py,
+# results/2026-12-05-h100-fp8-tiles/) the first provider of a B=1 fp8 shape ran its first 1-3
+# captures ~15% slow (Triton B=1 GQA 128K e4m3 116.3 / 116.8 / 100.9 / 101.0 us; paged 16
+# 118.8 / 118.5 / 118.4 / 102.6) and the same provider measured again after another's captures
+# ran at the recovered level from its first capture; two captures in a row missed it. Its cause
+# is not known.
 GRAPH_CAPTURES = 2
 
 
-def _measure_graph(case, ref, provider, cfg: Config, row: dict) -> None:
+def _graphs(case, provider, cfg: Config, row: dict) -> bool:
+    """Whether the row gets graph captures (a provider that cannot be captured says why in its note)."""
+    if row["status"] != "ok" or not cfg.graph or case.device.type != "cuda":
+        return False
+    if not provider.graphable:
+        row["note"] = (row["note"] + "; " if row["note"] else "") + provider.graph_note
+    return provider.graphable
+
+
+def graph_capture(case, ref, provider, cfg: Config, row: dict) -> None:
+    """One fresh capture of the provider's calls, folded into row: graph_us is the fastest capture
+    so far, the errors the worst capture's. After a failed capture the row takes no more."""
+    if row.get("graph_failed"):
+        return
     try:
         session = provider.session(case, graph=True)
         row["graph_plan"] = session.plan_text
         sets = case.rotation(case.rotation_count())
         with session.context():
             fns = [session.bind(ts) for ts in sets]
-            runs = [time_graph(fns, case.device, cfg.reps) for _ in range(GRAPH_CAPTURES)]
-        us, calls, replays, _ = min(runs, key=lambda r: r[0])
-        row.update(graph_us=us, graph_calls=calls, graph_replays=replays)
-        errs = [ref.error(r[3]) for r in runs]  # every capture's output is checked: the worst is reported
-        row["graph_max_abs_err"], row["graph_rel_err"] = max(errs, key=lambda e: (math.isnan(e[0]), e[0]))
+            us, calls, replays, out = time_graph(fns, case.device, cfg.reps)
+        row["graph_captures_us"] = (row["graph_captures_us"] or []) + [round(us, 2)]
+        if row["graph_us"] is None or us < row["graph_us"]:
+            row.update(graph_us=us, graph_calls=calls, graph_replays=replays)
+        err = ref.error(out)  # every capture's output is checked: the worst is reported
+        worst = row["graph_max_abs_err"]
+        if worst is None or math.isnan(err[0]) or (not math.isnan(worst) and err[0] > worst):
+            row["graph_max_abs_err"], row["graph_rel_err"] = err
         session.close()
     except Exception as exc:  # noqa: BLE001
         torch.cuda.synchronize(case.device)
+        row["graph_failed"] = True
         row["note"] = (row["note"] + "; " if row["note"] else "") + "graph: " + _short(exc)
 
 
 def run(shapes, providers, cfg: Config, on_step=None, rows: list | None = None) -> list[dict]:
     """Rows for every (shape, dtype, provider), appended to `rows` as they finish (so a crash part
-    way still leaves them to the caller). on_step(shape_name, provider_name) after each row."""
+    way still leaves them to the caller). on_step(shape_name, provider_name) after each row's eager
+    timing; a shape's graph captures follow in rounds over its providers (GRAPH_CAPTURES)."""
     rows = [] if rows is None else rows
     for dtype in cfg.dtypes:
         for shape in shapes:
             case = build_case(shape, DTYPES[dtype], cfg.device, cfg.seed)
             ref = build_reference(case)
+            shape_rows = []  # also in rows at once (graph captures fill them in place)
             for provider in providers:
-                rows.append(measure(case, ref, provider, cfg, dtype))
+                shape_rows.append(measure(case, ref, provider, cfg, dtype, graph=False))
+                rows.append(shape_rows[-1])
                 if on_step:
                     on_step(shape.name, provider.name)
+            graphed = [(p, r) for p, r in zip(providers, shape_rows, strict=True) if _graphs(case, p, cfg, r)]
+            for _ in range(GRAPH_CAPTURES):  # rounds: see GRAPH_CAPTURES
+                for provider, row in graphed:
+                    graph_capture(case, ref, provider, cfg, row)
+            for row in shape_rows:
+                row.pop("graph_failed", None)
             case.release()
             del case, ref
             gc.collect()
