@@ -610,13 +610,13 @@ AUTO_CUTLASS_MIN_SPLITS = 2
 # fp8 caches: `auto` takes the cutlass kernel (fp8.py, FP8_TILE) for contiguous caches with one
 # query per head, split or not, and Triton's fp8 path for paged caches and multi-token queries.
 # H100 (not the H200: none was lent), graph replay, each backend's own graph-safe plan, e4m3, rounds
-# interleaved, cutlass / Triton (results/2026-12-05-h100-fp8-tiles/probe_fp8_auto.txt, fp8.md):
-# contiguous B=1 GQA 32/8 128K 98.3 / 102.3 us, B=16 GQA 32K 362.0 / 371.0, B=1 MHA 32K 96.6 /
-# 101.0, B=4 GQA 4K 18.9 / 19.9, B=8 GQA 128K 720.6 / 730.3, B=16 MHA 32K 1430.9 / 1447.8, B=64
+# interleaved, cutlass / Triton (results/2026-12-05-h100-fp8-tiles/: fp8.md, then probe_fp8_auto.txt):
+# contiguous B=1 GQA 32/8 128K 98.4 / 100.4 us, B=16 GQA 32K 360.8 / 368.3, B=1 MHA 32K 97.2 /
+# 100.8; B=4 GQA 4K 18.9 / 19.9, B=8 GQA 128K 720.6 / 730.3, B=16 MHA 32K 1430.9 / 1447.8, B=64
 # GQA 32K 1450.5 / 1470.7, B=1 D 256 32K 59.0 / 77.9; level: B=1 GQA 4K 10.8 / 10.6, GQA 64/8 32K
 # 33.7 / 33.5, ragged B=16 1K..128K 354.3 / 352.5. Behind: Sq 4 (B=1 GQA 32K) 37.4 / 34.6; paged
-# 16 B=16 GQA 32K 383.8 / 370.7, B=1 GQA 4K 11.7 / 11.0 (B=1 GQA 128K 101.9 / 101.5, B=16 MHA 32K
-# 1459.5 / 1468.2, B=8 GQA 128K 735.2 / 733.9).
+# 16 B=16 GQA 32K 382.6 / 370.3 (fp8.md), B=1 GQA 4K 11.7 / 11.0; level paged: B=1 GQA 128K
+# 101.6 / 101.4 (fp8.md), B=16 MHA 32K 1459.5 / 1468.2, B=8 GQA 128K 735.2 / 733.9.
 AUTO_CUTLASS_FP8 = True
 
 
