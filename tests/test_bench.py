@@ -258,7 +258,7 @@ def test_graph_rows_check_the_graph_safe_output(monkeypatch):
     row = dict.fromkeys(report.FIELDS, None)
     row["note"] = ""
     cfg = runner.Config(device=torch.device("cpu"), suite="quick", reps=1)
-    runner.graph_capture(case, ref, registry.make("splitkv-torch"), cfg, row)
+    assert runner.graph_capture(case, ref, registry.make("splitkv-torch"), cfg, row)
     assert row["graph_plan"].startswith("DecodePlan"), row
     assert row["graph_us"] == 1.0 and row["graph_calls"] == 3
     assert row["graph_rel_err"] < report.ERR_WARN and not report.err_flag(row)
@@ -292,15 +292,24 @@ def test_graph_rows_keep_the_fastest_capture_and_check_every_output(monkeypatch)
 
 def test_graph_captures_go_in_rounds_over_a_shapes_providers(monkeypatch):
     """runner.GRAPH_CAPTURES: capture 1 of every provider, then capture 2 of every provider, so no
-    row holds only the captures taken first at its shape."""
-    order = []
+    row holds only the captures taken first at its shape; a row whose capture failed takes no more."""
+    order, failing = [], set()
+
+    def fake_capture(case, ref, p, cfg, row):
+        order.append(p.name)
+        return p.name not in failing
+
     monkeypatch.setattr(runner, "_graphs", lambda case, p, cfg, row: True)
-    monkeypatch.setattr(runner, "graph_capture", lambda case, ref, p, cfg, row: order.append(p.name))
+    monkeypatch.setattr(runner, "graph_capture", fake_capture)
     providers = [registry.make("splitkv-torch"), registry.make("splitkv-torch-noplan")]
     cfg = runner.Config(device=torch.device("cpu"), suite="quick", reps=1, host=False)
     rows = runner.run([shapes.make_shape(1, 300, 4, 2, 64)], providers, cfg)
     assert [r["provider"] for r in rows] == ["splitkv-torch", "splitkv-torch-noplan"]
     assert order == ["splitkv-torch", "splitkv-torch-noplan"] * runner.GRAPH_CAPTURES
+    order.clear()
+    failing.add("splitkv-torch")
+    runner.run([shapes.make_shape(1, 300, 4, 2, 64)], providers, cfg)
+    assert order == ["splitkv-torch"] + ["splitkv-torch-noplan"] * runner.GRAPH_CAPTURES
 
 
 def test_rows_measured_before_a_crash_are_written(tmp_path, monkeypatch):

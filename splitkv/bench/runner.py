@@ -102,8 +102,8 @@ def measure(case, ref, provider, cfg: Config, dtype: str, graph: bool = True) ->
     session.close()
     if graph and _graphs(case, provider, cfg, row):
         for _ in range(GRAPH_CAPTURES):
-            graph_capture(case, ref, provider, cfg, row)
-        row.pop("graph_failed", None)
+            if not graph_capture(case, ref, provider, cfg, row):
+                break
     return row
 
 
@@ -130,11 +130,10 @@ def _graphs(case, provider, cfg: Config, row: dict) -> bool:
     return provider.graphable
 
 
-def graph_capture(case, ref, provider, cfg: Config, row: dict) -> None:
+def graph_capture(case, ref, provider, cfg: Config, row: dict) -> bool:
     """One fresh capture of the provider's calls, folded into row: graph_us is the fastest capture
-    so far, the errors the worst capture's. After a failed capture the row takes no more."""
-    if row.get("graph_failed"):
-        return
+    so far, the errors the worst capture's. False when it failed (the note says why): callers take
+    no more captures for that row."""
     try:
         session = provider.session(case, graph=True)
         row["graph_plan"] = session.plan_text
@@ -150,10 +149,11 @@ def graph_capture(case, ref, provider, cfg: Config, row: dict) -> None:
         if worst is None or math.isnan(err[0]) or (not math.isnan(worst) and err[0] > worst):
             row["graph_max_abs_err"], row["graph_rel_err"] = err
         session.close()
+        return True
     except Exception as exc:  # noqa: BLE001
         torch.cuda.synchronize(case.device)
-        row["graph_failed"] = True
         row["note"] = (row["note"] + "; " if row["note"] else "") + "graph: " + _short(exc)
+        return False
 
 
 def run(shapes, providers, cfg: Config, on_step=None, rows: list | None = None) -> list[dict]:
@@ -172,11 +172,8 @@ def run(shapes, providers, cfg: Config, on_step=None, rows: list | None = None) 
                 if on_step:
                     on_step(shape.name, provider.name)
             graphed = [(p, r) for p, r in zip(providers, shape_rows, strict=True) if _graphs(case, p, cfg, r)]
-            for _ in range(GRAPH_CAPTURES):  # rounds: see GRAPH_CAPTURES
-                for provider, row in graphed:
-                    graph_capture(case, ref, provider, cfg, row)
-            for row in shape_rows:
-                row.pop("graph_failed", None)
+            for _ in range(GRAPH_CAPTURES):  # rounds: see GRAPH_CAPTURES; a failed row leaves them
+                graphed = [(p, r) for p, r in graphed if graph_capture(case, ref, p, cfg, r)]
             case.release()
             del case, ref
             gc.collect()
