@@ -90,8 +90,8 @@ def blocks_per_sm(target: str, paged: bool = False, head_dim: int = 128, block_m
     contiguous; results/2026-12-03-h200-paged/). Triton fp8: two (the note above)."""
     if target != "cutlass":
         return BLOCKS_PER_SM
-    want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: its conversions
-    # sit between the ldmatrix and the MMA of every k-block; a second CTA per SM overlaps them
+    want = BLOCKS_PER_SM if paged or kv_fp8 else CUTLASS_BLOCKS_PER_SM  # fp8: two where they fit
+    # (D 256's 64 x 3 tile); D 128's FP8_TILE fits once (cutlass_tile's sweep)
     fit = SM90_SMEM_PER_SM // (cutlass_split_smem(head_dim, block_m, paged, kv_fp8) + 1024)
     return max(1, min(want, fit))
 

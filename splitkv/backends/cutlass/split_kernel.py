@@ -193,9 +193,8 @@ class SplitKernel:
             if cutlass.const_expr(cfg.paged):
                 if ST - 1 < n_tiles:
                     lookup_pages(kv, tKcK, start + (ST - 1) * BN, end, pages)
-            if cutlass.const_expr(F8):
+            if cutlass.const_expr(F8):  # Q; per-KV-head fp8 scales (per-tensor ones came folded in)
                 fp8.load_q_tile_f16(self.dtype, q, q_strides, sQ, tQcQ, row0, num_rows, group, b, kvh)
-            if cutlass.const_expr(F8):  # per-KV-head fp8 scales (per-tensor ones came folded in)
                 if k_scales != 0:
                     scale_log2 = scale_log2 * gmem_vec(Float32, k_scales + Int64(kvh) * 4, 1, 4)[0]
                 if v_scales != 0:
