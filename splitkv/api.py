@@ -45,11 +45,12 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
     row's softmax denominator, with no value (lse includes it); alibi_slopes float32 [Hq]: scores
     get -slope[h] * |key position - query position|. Head dims: every multiple of 8 in [32, 256]
     (torch and triton; cutlass 64/80/96/128/192/256: 'auto' picks triton otherwise). Every backend
-    takes every variant.
+    takes every variant on fp16 / bf16 caches.
 
     FP8 KV cache: k_cache / v_cache in torch.float8_e4m3fn or float8_e5m2 (q stays fp16/bf16)
     holding K / k_scale and V / v_scale; k_scale and v_scale are required: a float each (per
-    tensor) or float32 [Hkv] tensors (per KV head). Torch and triton backends.
+    tensor) or float32 [Hkv] tensors (per KV head). Torch and triton: every head dim and variant;
+    cutlass: head dims 128 / 256 with the window and sinks, not softcap or ALiBi.
     """
     if (window_size is _NO_WINDOW or window_size is None or window_size == _NO_WINDOW) and sinks is None \
             and alibi_slopes is None and type(softcap) in (float, int) and softcap == 0 and k_scale is None \

@@ -254,9 +254,12 @@ def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, var
     fp8_ok = prob.head_dim in CUTLASS_FP8_HEAD_DIMS and variant.softcap == 0 and variant.alibi_slopes is None
     cutlass_ok = prob.head_dim in CUTLASS_HEAD_DIMS and (fp8_ok if prob.kv_fp8 else variant.fp8 is None)
     if backend == "cutlass" and not cutlass_ok:  # before resolve(): this error holds on any machine
+        got = f"head dim {prob.head_dim}"
+        if prob.head_dim in CUTLASS_HEAD_DIMS and prob.kv_fp8:  # the head dim is not what it lacks
+            got = ("softcap" if variant.softcap else "alibi_slopes") if prob.head_dim in CUTLASS_FP8_HEAD_DIMS \
+                else f"head dim {prob.head_dim} with an fp8 cache"
         raise ValueError(f"backend: 'cutlass' runs head dims {CUTLASS_HEAD_DIMS} (fp8 caches: {CUTLASS_FP8_HEAD_DIMS}, "
-                         f"without softcap / ALiBi); got head dim {prob.head_dim}"
-                         f"{' with an fp8 cache' if prob.kv_fp8 else ''}: use backend='triton' or 'auto'")
+                         f"without softcap / ALiBi); got {got}: use backend='triton' or 'auto'")
     name = backends.resolve(backend, device)
     if name == "cutlass" and not cutlass_ok:  # SPLITKV_BACKEND=cutlass over 'auto': what it cannot run goes to triton
         name = "triton"

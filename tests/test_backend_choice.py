@@ -112,8 +112,15 @@ def test_cutlass_takes_fp8_caches_at_its_head_dims():
     assert (p256.tile.block_n, p256.tile.num_stages, p256.rule.target) == (64, 3, 33)  # two per SM
     with pytest.raises(ValueError, match=r"fp8 caches: \(128, 256\)"):
         splitkv.plan(sl, 32, 8, 64, kv_dtype=f8, k_scale=0.5, v_scale=0.5, backend="cutlass")
-    with pytest.raises(ValueError, match="softcap"):
+    with pytest.raises(ValueError, match="got head dim 64 with an fp8 cache"):
+        splitkv.plan(sl, 32, 8, 64, kv_dtype=f8, k_scale=0.5, v_scale=0.5, backend="cutlass")
+    with pytest.raises(ValueError, match="got softcap"):
         splitkv.plan(sl, 32, 8, 128, kv_dtype=f8, k_scale=0.5, v_scale=0.5, softcap=30.0, backend="cutlass")
+    q = torch.randn(1, 1, 32, 128, dtype=torch.bfloat16)  # decode names the variant too (any machine)
+    kv = torch.randn(1, 64, 8, 128).to(f8)
+    with pytest.raises(ValueError, match="got alibi_slopes"):
+        splitkv.decode(q, kv, kv, torch.tensor([64], dtype=torch.int32), k_scale=0.5, v_scale=0.5,
+                       alibi_slopes=torch.ones(32), backend="cutlass")
 
 
 def test_triton_fp8_plans_aim_at_two_ctas_per_sm_as_bf16_ones_do():

@@ -73,6 +73,57 @@ def test_decode_on_fp8_cache_matches_reference(backend, fp8, per_head, case, dev
         _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu())
 
 
+def _fp8_variant(name, Hq, device):
+    g = torch.Generator().manual_seed(Hq)
+    kw = {"window": dict(window_size=(23, -1)), "softcap": dict(softcap=30.0),
+          "sinks": dict(sinks=torch.randn(Hq, generator=g) * 4 + 6),
+          "alibi": dict(alibi_slopes=torch.rand(Hq, generator=g) * 0.2),
+          "all": dict(window_size=(17, -1), softcap=50.0, sinks=torch.randn(Hq, generator=g),
+                      alibi_slopes=torch.rand(Hq, generator=g) * 0.05)}[name]
+    return {n: t.to(device) if torch.is_tensor(t) else t for n, t in kw.items()}
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("variant", ["window", "softcap", "sinks", "alibi", "all"])
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+@pytest.mark.parametrize("page", [None, 16])
+def test_fp8_cache_with_attention_variants_matches_reference(backend, variant, fp8, page, device="cpu"):
+    """fp8 caches take every variant on the torch and triton backends (per-head scales, GQA, Sq 3
+    causal, split and not): the scales fold into the scores before softcap / ALiBi / the window."""
+    B, Sq, Hq, Hkv, D, lens = 2, 3, 8, 2, 64, [300, 41]
+    q, k, v, sl, ks, vs = _fp8_inputs(B, Sq, Hq, Hkv, D, lens, fp8, device=device, per_head=True)
+    bt = None
+    if page is not None:
+        k, v, bt = to_paged(k, v, lens, page)
+    kw = _fp8_variant(variant, Hq, device)
+    ro, rl = decode_reference(q, k, v, sl, block_table=bt, k_scale=ks, v_scale=vs, **kw)
+    for num_splits in (1, 3):
+        o, lse = splitkv.decode(q, k, v, sl, block_table=bt, k_scale=ks, v_scale=vs, return_lse=True,
+                                num_splits=num_splits, backend=backend, **kw)
+        _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cutlass"])
+@pytest.mark.parametrize("variant", ["window", "sinks"])
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+@pytest.mark.parametrize("page", [None, 16])
+def test_gpu_fp8_cache_with_attention_variants_matches_reference(backend, variant, fp8, page):
+    """The same on the GPU; the CuTe fp8 kernels take the window and sinks (not softcap / ALiBi),
+    at D 128."""
+    B, Sq, Hq, Hkv, D, lens = 2, 1, 32, 8, 128, [3000, 41]
+    q, k, v, sl, ks, vs = _fp8_inputs(B, Sq, Hq, Hkv, D, lens, fp8, device="cuda", per_head=True)
+    bt = None
+    if page is not None:
+        k, v, bt = to_paged(k, v, lens, page)
+    kw = _fp8_variant(variant, Hq, "cuda")
+    ro, rl = decode_reference(q, k, v, sl, block_table=bt, k_scale=ks, v_scale=vs, **kw)
+    for num_splits in (1, 3, None):
+        o, lse = splitkv.decode(q, k, v, sl, block_table=bt, k_scale=ks, v_scale=vs, return_lse=True,
+                                num_splits=num_splits, backend=backend, **kw)
+        _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", FP8, ids=str)
 @pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
@@ -166,6 +217,34 @@ def test_append_quantises_like_torch_casts(fp8):
     # the torch append here; the Triton kernel on the H200 below (Triton's CPU interpreter rounds
     # fp32 -> fp8 wrongly: 7.9 -> 4.0, 8.5 -> 9.0, so it cannot be held to torch's casts)
     _append_round_trip("torch", fp8, "cpu")
+
+
+@pytest.mark.skipif(not backends.triton_available(), reason="needs triton")
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+def test_triton_append_kernel_writes_fp8_grid_values_exactly(fp8):
+    """The Triton append kernel in the interpreter, on values that land on the fp8 grid after
+    scaling (where its rounding cannot matter): the bytes torch's cast writes, per-tensor and
+    per-KV-head scales (powers of two), saturation past the largest value, both layers."""
+    Hkv, D, T = 2, 64, 21
+    g = torch.Generator().manual_seed(5)
+    grid = torch.randint(0, 256, (2, 1, T, Hkv, D), generator=g, dtype=torch.uint8).view(fp8).float()
+    grid = torch.nan_to_num(grid, nan=1.0, posinf=2.0, neginf=-2.0)  # e5m2 bytes hold inf / NaN
+    big = torch.finfo(fp8).max
+    for scale in (0.5, torch.tensor([[0.25, 4.0], [1.0, 2.0]])):
+        c = PagedKVCache(8, 16, Hkv, D, num_layers=2, dtype=fp8, device="cpu", backend="triton", k_scale=scale,
+                         v_scale=scale)
+        sid = c.add_sequence()
+        for layer in range(2):
+            s = torch.full((Hkv,), scale) if not isinstance(scale, torch.Tensor) else scale[layer]
+            k, v = grid[0] * s[:, None], grid[1] * s[:, None]
+            k[0, 3, 1, 5] = 1e6  # saturates, never NaN / inf
+            c.append([sid], k, v, layer=layer)
+            want_k = (k[0] / s[:, None]).clamp(-big, big).to(fp8)
+            got_k = c.k_pages(layer)[c.pages(sid)].flatten(0, 1)[:T]
+            got_v = c.v_pages(layer)[c.pages(sid)].flatten(0, 1)[:T]
+            assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
+            assert torch.equal(got_v.view(torch.uint8), grid[1, 0].to(fp8).view(torch.uint8))
+            assert got_k[3, 1, 5].float().item() == big
 
 
 @pytest.mark.gpu
