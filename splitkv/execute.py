@@ -174,9 +174,9 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
         if variant.fp8 == "head":
             validate.check_scale_values(variant.k_scale, variant.v_scale)
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     if own_plan:
-        if not isinstance(batch_invariant, bool):
-            raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
         extra = (_owner(q.device), batch_invariant, _align_bits(q, k_cache, v_cache), variant.key())
         plan = _cached_plan((key, extra), prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant,
                             variant)

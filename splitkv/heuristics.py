@@ -103,6 +103,9 @@ MIN_CHUNK_KEYS = 256
 # Upper bound on splits per request: the merge reads num_splits partial rows, and past ~128
 # splits (1K keys each at 128K) the merge's reads, not the split kernel, dominate.
 MAX_SPLITS = 128
+# A forced num_splits is cut to what a row can use (one key tile per split) and to this: a
+# graph-safe plan's bound (max_seqlen 10**9, say) must not size a workspace of 10**7 partial rows.
+MAX_FORCED_SPLITS = 1024
 
 # Query tile rows: tl.dot / mma needs M >= 16; past 64 rows (e.g. GQA 16 x Sq 16 = 256) the fp32
 # accumulator (64 x D) is what fits in registers at D=256, so larger groups use several m-tiles.
@@ -301,7 +304,8 @@ def _split_rule(*, batch: int, groups_per_request: int, block_n: int, max_seqlen
     """The scheduler's parameters for a batch whose lengths are at most max_seqlen.
 
     groups_per_request = KV heads x query tiles (one CTA each per split).
-    * forced: num_splits splits, bounded by what a row can use (one tile of keys per split);
+    * forced: num_splits splits, bounded by what a row can use (one tile of keys per split) and by
+      MAX_FORCED_SPLITS;
     * batch-invariant: chunks of BATCH_INVARIANT_CHUNK_KEYS, at most MAX_SPLITS;
     * auto: no split when the bound is under 2 x MIN_CHUNK_KEYS; otherwise the device picks the
       smallest chunk (>= MIN_CHUNK_KEYS, <= MAX_SPLITS per request) that keeps the CTAs within one
@@ -310,7 +314,7 @@ def _split_rule(*, batch: int, groups_per_request: int, block_n: int, max_seqlen
     """
     bound_tiles = max(cdiv(max(max_seqlen, 1), block_n), 1)
     if num_splits is not None:
-        s = max(1, min(num_splits, bound_tiles))
+        s = max(1, min(num_splits, bound_tiles, MAX_FORCED_SPLITS))
         return SplitRule("forced", block_n, s, splits=s)
     if batch_invariant:
         chunk = max(1, BATCH_INVARIANT_CHUNK_KEYS // block_n)

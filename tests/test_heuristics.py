@@ -106,6 +106,8 @@ def test_forced_and_batch_invariant_rules():
     rule, n, c = _sched([1000, 0, 17], hkv=2, num_splits=3)
     assert n == [3, 3, 3] and rule.max_splits == 3 and all(x % 64 == 0 for x in c) and c[0] * 3 >= 1000
     assert _rule([100], num_splits=10 ** 7).max_splits == 2  # bounded by what a row can use (2 tiles)
+    far = _rule([100], num_splits=10 ** 7, bound=10 ** 9)  # a graph-safe bound: no 10**7-row workspace
+    assert far.max_splits == H.MAX_FORCED_SPLITS
     a = _sched([5000, 70000], batch_invariant=True, bound=131072)
     b = _sched([5000], batch_invariant=True, bound=131072)
     assert a[1][0] == b[1][0] == 3 and a[2][0] == b[2][0] <= H.BATCH_INVARIANT_CHUNK_KEYS  # its own length only

@@ -9,7 +9,7 @@ import torch
 from helpers import assert_close_to_reference, make_inputs, to_paged
 
 import splitkv
-from splitkv import backends
+from splitkv import backends, heuristics
 from splitkv.reference import decode_reference
 
 BF16 = torch.bfloat16
@@ -67,6 +67,11 @@ def test_plan_takes_only_what_decode_takes():
         splitkv.decode(q, k, v, sl, plan=huge, num_splits=10 ** 7)  # the count the plan was made with, cut
     with pytest.raises(ValueError, match="num_splits: the plan chooses its split counts"):
         splitkv.decode(q, k, v, sl, plan=splitkv.plan(sl, 8, 2, 64), num_splits=2)
+    far = splitkv.plan(sl, 8, 2, 64, num_splits=10 ** 7, max_seqlen=10 ** 9)  # a graph-safe bound
+    assert far.max_splits == heuristics.MAX_FORCED_SPLITS and far.o_part.numel() < 10 ** 7
+    for p in (splitkv.plan(sl, 8, 2, 64), splitkv.plan(sl, 8, 2, 64, batch_invariant=True)):
+        with pytest.raises(TypeError, match="batch_invariant: expected a bool"):
+            splitkv.decode(q, k, v, sl, plan=p, batch_invariant="no")
 
 
 def test_refresh_takes_only_the_plans_batch_and_dtype():
