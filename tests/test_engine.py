@@ -152,6 +152,19 @@ def test_fp8_pool(model):
     assert len(out) == 10 and out[0] == solo[0]  # the first token comes from the model's own prefill
     assert sum(a == b for a, b in zip(out, solo, strict=True)) >= 5, (out, solo)
     assert eng.cache.num_free_pages == 8
+    # a prefix on the fp8 pool: the suffix's prefill reads its K/V dequantised (per layer and head)
+    h = eng.add_prefix(ids[:40])
+    dyn = tf.DynamicCache()
+    eng._load_prefix(eng._prefixes[h], dyn)
+    own = tf.DynamicCache()
+    model(input_ids=ids[None, :40], use_cache=True, **{hf._cache_kwarg(model): own})
+    for layer in range(model.config.num_hidden_layers):
+        for got, want in zip(hf._layer_kv(dyn, layer), hf._layer_kv(own, layer), strict=True):
+            assert got.shape == want.shape and (got - want).abs().max() <= 0.07 * want.abs().max()
+    rid = eng.add_request(ids[40:], 6, eos_token_id=None, prefix=h)
+    assert len(eng.run()[rid]) == 6
+    eng.remove_prefix(h)
+    assert eng.cache.num_free_pages == 8
 
 
 def test_sampling_is_per_request_and_reproducible(model):
@@ -280,3 +293,71 @@ def test_cancel_while_iterating_stream(model):
     assert outs[ra] == _alone(model, a, 9) and outs[rb] == _alone(model, b, 9)[:3]
     assert 0 < at_cancel == len(outs[rc]) and outs[rc] == _alone(model, c, 9)[:at_cancel]
     assert eng.cache.num_free_pages == 16
+
+
+def test_prefix_requests_get_the_tokens_of_their_whole_prompt(model):
+    """add_prefix prefills a shared prefix once and holds its pages; requests continuing it (one
+    joining later, one with n = 2 samples) get exactly the tokens of prefix + suffix run alone, and
+    its pages go back once it is removed and its last user has finished."""
+    ps, N = 16, 40
+    pre_ids = _prompt(40, 30)  # 2 full pages + 8 tokens
+    eng = E.Engine(model, num_pages=N, page_size=ps, prefill_chunk=32)
+    h = eng.add_prefix(pre_ids)
+    assert eng.cache.num_free_pages == N - 3 and not eng.pending
+    suffixes = [_prompt(5, 31), _prompt(30, 32), _prompt(1, 33)]
+    rids = [eng.add_request(suffixes[0], 6, eos_token_id=None, prefix=h),
+            eng.add_request(suffixes[1], 4, eos_token_id=None, prefix=h)]
+    outs: dict[int, list[int]] = {}
+    for step in range(100):
+        if step == 2:
+            rids.append(eng.add_request(suffixes[2], 5, eos_token_id=None, prefix=h))
+        if not eng.pending:
+            break
+        for rid, tok, _ in eng.step():
+            outs.setdefault(rid, []).append(tok)
+    assert not eng.pending
+    for rid, suf, n in zip(rids, suffixes, (6, 4, 5), strict=True):
+        assert outs[rid] == _alone(model, torch.cat([pre_ids, suf]), n), rid
+    assert eng.cache.num_free_pages == N - 3  # the prefix still holds its pages
+    pair = eng.add_request(suffixes[0], 5, eos_token_id=None, prefix=h, temperature=1.5, seed=7, n=2)
+    eng.remove_prefix(h)  # a request still needs it: its pages stay until that one has forked them
+    assert eng.cache.num_free_pages == N - 3
+    with pytest.raises(ValueError, match="prefix: expected a handle"):
+        eng.add_request(suffixes[0], 5, prefix=h)
+    got = eng.run()
+    for i, rid in enumerate(pair):
+        solo = E.Engine(model, num_pages=N, page_size=ps)
+        r = solo.add_request(torch.cat([pre_ids, suffixes[0]]), 5, eos_token_id=None, temperature=1.5, seed=7 + i)
+        assert got[rid] == solo.run()[r], i
+    assert eng.cache.num_free_pages == N  # prefix removed, every request done: every page back
+
+
+def test_prefix_pages_are_shared_and_counted(model):
+    """A pool that holds the requests only thanks to the shared prefix pages; a prefix the pool cannot
+    hold, and handles that are not live, are refused by name."""
+    ps = 16
+    eng = E.Engine(model, num_pages=7, page_size=ps, backend="torch")
+    h = eng.add_prefix(_prompt(64, 40))  # 4 full pages
+    # each request: its own page (tokens 64..79: 3 of the suffix + 12 new), 3 x 1 + 4 = 7 pages
+    rids = [eng.add_request(_prompt(3, 41 + i), 12, eos_token_id=None, prefix=h) for i in range(3)]
+    eng.step()
+    assert eng.queued == 0  # all three admitted at once
+    out = eng.run()
+    assert all(len(out[r]) >= 11 for r in rids)
+    with pytest.raises(E.CacheFullError, match="needs 4 free pages"):
+        eng.add_prefix(_prompt(64, 42))
+    with pytest.raises(ValueError, match="prefix: expected a handle"):
+        eng.add_request(_prompt(3, 43), 4, prefix=h + 1)
+    with pytest.raises(ValueError, match="input_ids"):
+        eng.add_prefix([])
+    eng.remove_prefix(h)
+    assert eng.cache.num_free_pages == 7
+    with pytest.raises(ValueError, match="prefix: expected a handle"):
+        eng.remove_prefix(h)
+
+
+def test_share_prefix_without_graph_steps_says_so(model, caplog):
+    """share_prefix needs the CUDA-graph steps: on the CPU the engine says it reads whole prompts."""
+    with caplog.at_level("WARNING", logger="splitkv"):
+        E.Engine(model, num_pages=4, page_size=16, share_prefix=True)
+    assert any("share_prefix" in r.getMessage() for r in caplog.records)

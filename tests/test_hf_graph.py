@@ -176,6 +176,31 @@ def test_engine_sharing_prompt_prefixes_gives_the_same_tokens():
         assert all(g == want[0, p.numel():].tolist() for g in got)
 
 
+def test_engine_sharing_an_added_prefix_gives_the_same_tokens():
+    """Requests on one add_prefix prefix (and one alone) with share_prefix: the prefix's pages
+    attended once per step for the group give the tokens of the whole prompts (fp32 greedy)."""
+    model = _model(tf)
+    g = torch.Generator().manual_seed(11)
+    pre, alone = torch.randint(3, 128, (50,), generator=g), torch.randint(3, 128, (20,), generator=g)
+    sufs = [torch.randint(3, 128, (n,), generator=g) for n in (10, 40, 3)]
+    outs = []
+    for share in (True, False):
+        eng = E.Engine(model, num_pages=64, page_size=16, prefill_chunk=64, share_prefix=share)
+        _fixed_shape(model, eng._state)
+        h = eng.add_prefix(pre)
+        rids = [eng.add_request(s, 7, eos_token_id=None, prefix=h) for s in sufs]
+        rids.append(eng.add_request(alone, 5, eos_token_id=None))
+        got = eng.run()
+        outs.append([got[r] for r in rids])
+        assert (max(k[2] for k in eng._state.graphs.steps) > 1) == share  # grouped steps only when asked
+        eng.remove_prefix(h)
+        assert eng.cache.num_free_pages == eng.cache.num_pages
+    assert outs[0] == outs[1]
+    for p, n, got in [*((torch.cat([pre, s]), 7, o) for s, o in zip(sufs, outs[0], strict=False)),
+                      (alone, 5, outs[0][3])]:
+        assert got == hf.generate(model, p[None], n, eos_token_id=None)[0, p.numel():].tolist()
+
+
 def test_cuda_graph_must_be_a_bool():
     model = _model(tf)
     with pytest.raises(TypeError, match="cuda_graph"):

@@ -3,6 +3,8 @@
     engine = Engine(model, num_pages=4096, page_size=64)
     a = engine.add_request(prompt_ids, max_new_tokens=128)
     b = engine.add_request(other_ids, max_new_tokens=32)
+    sys_ = engine.add_prefix(system_prompt_ids)          # prefilled once, its pages held
+    c = engine.add_request(question_ids, 64, prefix=sys_)  # attends system prompt + question
     for rid, token, done in engine.stream():   # or: outputs = engine.run()
         ...
 
@@ -17,6 +19,10 @@ layer, block tables built once per step). So the engine owns one PagedKVCache an
   * decode — one token for every active request per step, through splitkv (integrations.hf's
     attention function over the shared cache), greedy or sampled per request;
   * finish — at an EOS token or max_new_tokens; the request's pages go back to the pool at once.
+Shared prefixes: add_prefix(ids) prefills a prompt prefix (a system prompt) once and holds its
+pages; add_request(suffix, prefix=handle) forks them (PagedKVCache.fork: the full pages shared, the
+partial last one copied on write) and prefills only the suffix, over the prefix's K/V read back from
+the pool. remove_prefix(handle) lets the pages go once no waiting request still needs them.
 Attention switching: the model runs prefill with its own attention implementation and decode with
 "splitkv"; switching costs ~2 ms on a 32-layer model (transformers re-walks its modules), so the
 engine switches only when a step's work needs the other one (a decode-only step switches nothing)
@@ -29,6 +35,7 @@ could never fit the pool is refused by add_request.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,8 +43,16 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import validate
-from ..cache import PagedKVCache
+from ..cache import CacheFullError, PagedKVCache
+from ..reference import _dequant
 from . import hf
+
+
+@dataclass
+class _Prefix:
+    ids: torch.Tensor  # int64 [P] on the model's device
+    sid: int  # its sequence in the paged cache (holds its pages until it is removed)
+    removed: bool = False
 
 
 @dataclass
@@ -60,7 +75,9 @@ class _Request:
     followers: list = field(default_factory=list)  # the other samples of its prompt (add_request n > 1)
     shared: int = 0  # a follower: the prompt's full pages it shares with its leader (not its own)
     follower: bool = False  # sample i > 0 of an n > 1 request (forked from the first after prefill)
-    family: int | None = None  # n > 1 samples: the first sample's id, the same for all of them
+    family: object = None  # decode rows that share pages: the n samples' first id, or a prefix's handle
+    group_pages: int = 0  # the full pages its family shares (the prompt's, or the prefix's)
+    prefix: _Prefix | None = None  # add_request(prefix=...): forked from its sequence after the prefill
 
     def pick(self, logits: torch.Tensor) -> int:
         """The next token from logits [vocab]: greedy, or sampled from softmax(logits / temperature)
@@ -80,7 +97,7 @@ def _promote(lead: _Request) -> _Request:
     """The first follower of a cancelled, not yet prefilled lead, in its place: the prompt's whole
     page count, its prefill progress and the other followers."""
     new, rest = lead.followers[0], lead.followers[1:]
-    new.pages, new.shared, new.follower, new.followers = lead.pages, 0, False, rest
+    new.pages, new.shared, new.follower, new.followers = lead.pages, lead.shared, False, rest
     new.dyn, new.done_prefill = lead.dyn, lead.done_prefill
     return new
 
@@ -121,11 +138,17 @@ class Engine:
         if not isinstance(share_prefix, bool):
             raise TypeError(f"share_prefix: expected a bool, got {share_prefix!r}")
         self.share_prefix = share_prefix
+        if share_prefix and self._state.graphs is None:
+            logging.getLogger("splitkv").warning(
+                "share_prefix: shared prefixes are decoded once per group by the CUDA-graph steps only (a GPU, "
+                "cuda_graph on, a GPU backend); here every row reads its whole prompt")
         self._queue: deque[_Request] = deque()
         self._prefilling: deque[_Request] = deque()
         self._active: list[_Request] = []
         self._dropped: set[int] = set()  # ids cancelled during the current step's stream() tokens
         self._next = 0
+        self._prefixes: dict[int, _Prefix] = {}
+        self._next_prefix = 0
         self._transformers = hf._transformers()
         hf.register()
         self._own = model.config._attn_implementation
@@ -135,7 +158,8 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, input_ids, max_new_tokens: int, *, eos_token_id=hf._DEFAULT, temperature: float = 0.0,
-                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None, n: int = 1) -> int | list[int]:
+                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None, n: int = 1,
+                    prefix: int | None = None) -> int | list[int]:
         """Queue a request (a 1-D prompt of token ids); returns its id. eos_token_id as in
         hf.generate (default: the model's generation_config). temperature 0 (default): greedy;
         otherwise sampling from softmax(logits / temperature), cut to top_k tokens (0: all) and to
@@ -143,7 +167,9 @@ class Engine:
         whatever else is in the batch).
         n > 1: n samples of the prompt (ids returned as a list; sample i seeded seed + i), which
         prefill it once and share its pages (PagedKVCache.fork: copy on write of the last,
-        partial page)."""
+        partial page).
+        prefix: a handle from add_prefix: input_ids continue that prefix (positions after it); the
+        request shares its pages and prefills input_ids only."""
         ids = torch.as_tensor(input_ids)
         if ids.dim() != 1 or ids.numel() == 0:
             raise ValueError(f"input_ids: expected a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
@@ -153,9 +179,12 @@ class Engine:
             raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n: expected an int >= 1 (samples of the prompt), got {n!r}")
-        ps, S = self.cache.page_size, ids.numel()
-        pages = math.ceil((S + max_new_tokens) / ps)
-        own = pages - S // ps  # a follower's pages: past the prompt's full, shared ones
+        pre = self._prefix(prefix)
+        if pre is not None:
+            ids = torch.cat([pre.ids, ids])
+        ps, S, P = self.cache.page_size, ids.numel(), pre.ids.numel() if pre is not None else 0
+        pages = math.ceil((S + max_new_tokens) / ps) - P // ps  # past the prefix's full pages
+        own = math.ceil((S + max_new_tokens) / ps) - S // ps  # a follower's pages: past the prompt's full ones
         if pages + (n - 1) * own > self.cache.num_pages:
             raise ValueError(f"max_new_tokens: prompt ({S}) + max_new_tokens ({max_new_tokens}) x n ({n}) need "
                              f"{pages + (n - 1) * own} pages, the pool has {self.cache.num_pages}")
@@ -180,12 +209,59 @@ class Engine:
                 gen.manual_seed(seed + i) if seed is not None else gen.seed()
             group.append(_Request(self._next, ids, max_new_tokens, eos, pages if i == 0 else own,
                                   temperature=float(temperature), top_k=top_k, top_p=float(top_p), generator=gen,
-                                  shared=0 if i == 0 else S // ps, follower=i > 0,
-                                  family=self._next - i if n > 1 else None))
+                                  shared=P // ps if i == 0 else S // ps, follower=i > 0, done_prefill=P,
+                                  family=self._next - i if n > 1 else (("prefix", id(pre)) if pre else None),
+                                  group_pages=S // ps if n > 1 else P // ps, prefix=pre))
             self._next += 1
         group[0].followers = group[1:]
         self._queue.append(group[0])
         return group[0].rid if n == 1 else [r.rid for r in group]
+
+    @torch.no_grad()
+    def add_prefix(self, input_ids) -> int:
+        """Prefill a prompt prefix (a shared system prompt) now, through the model's own attention,
+        and hold its pages; returns a handle for add_request(..., prefix=handle). Runs at once (not
+        one chunk per step): a long prefix delays the running requests' next step. Raises
+        CacheFullError when the pool, less what admitted requests may still claim, cannot hold it."""
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() != 1 or ids.numel() == 0:
+            raise ValueError(f"input_ids: expected a non-empty 1-D sequence of token ids, got shape {tuple(ids.shape)}")
+        hf.check_token_ids(self.model, ids)
+        ids = ids.to(device=self.device, dtype=torch.long)
+        need = math.ceil(ids.numel() / self.cache.page_size)
+        room = self.cache.num_free_pages - self._claimable()
+        if need > room:
+            raise CacheFullError(need, room)  # room: free pages less what admitted requests may claim
+        hf._set_attention(self.model, self._own)
+        dyn = self._transformers.DynamicCache()
+        for a in range(0, ids.numel(), self.prefill_chunk):
+            self._forward(ids, a, min(ids.numel(), a + self.prefill_chunk), dyn)
+        sid = self._store(dyn, None, 0)
+        handle = self._next_prefix
+        self._next_prefix += 1
+        self._prefixes[handle] = _Prefix(ids, sid)
+        return handle
+
+    def remove_prefix(self, handle: int) -> None:
+        """Let a prefix's pages go: at once if no queued or prefilling request still needs them,
+        otherwise when the last one has forked them. Requests already running keep what they share."""
+        self._prefix(handle).removed = True
+        self._release_prefixes()
+
+    def _prefix(self, handle) -> _Prefix | None:
+        if handle is None:
+            return None
+        pre = None if isinstance(handle, bool) else self._prefixes.get(validate.as_int(handle))
+        if pre is None or pre.removed:
+            raise ValueError(f"prefix: expected a handle from add_prefix that was not removed, got {handle!r}")
+        return pre
+
+    def _release_prefixes(self) -> None:
+        waiting = {id(r.prefix) for lead in (*self._queue, *self._prefilling) for r in (lead, *lead.followers)}
+        for h, pre in list(self._prefixes.items()):
+            if pre.removed and id(pre) not in waiting:
+                self.cache.free(pre.sid)
+                del self._prefixes[h]
 
     def cancel(self, request_id: int) -> bool:
         """Stop a request now (a client went away, a deadline passed): a queued one leaves the queue,
@@ -197,6 +273,7 @@ class Engine:
         if not (self._drop_active(request_id) or self._drop_waiting(request_id)):
             return False
         self._dropped.add(request_id)
+        self._release_prefixes()
         if not self.pending:
             hf._set_attention(self.model, self._own)
         return True
@@ -280,6 +357,8 @@ class Engine:
                     f.sid, f.position = self.cache.fork(req.sid), req.position
                 joined = [req, *req.followers]
                 emitted += [self._emit(r, r.pick(logits)) for r in joined]
+                if req.prefix is not None:
+                    self._release_prefixes()
         if decoding:
             hf._set_attention(self.model, hf.ATTN_NAME)  # no-op while it already is
             self._state.seq_ids = [r.sid for r in decoding]
@@ -300,13 +379,12 @@ class Engine:
     def _groups(self, decoding: list[_Request]) -> list[tuple[list[int], int]]:
         """(batch rows, shared pages) of the samples of one prompt decoding together: the prompt's
         full pages, which fork shares and copy on write never touches."""
-        rows: dict[int, list[int]] = {}
+        rows: dict[object, list[int]] = {}
         for i, r in enumerate(decoding):
             if r.family is not None:
                 rows.setdefault(r.family, []).append(i)
-        ps = self.cache.page_size
-        return [(rs, decoding[rs[0]].prompt.numel() // ps) for rs in rows.values()
-                if len(rs) > 1 and decoding[rs[0]].prompt.numel() >= ps]
+        return [(rs, decoding[rs[0]].group_pages) for rs in rows.values()
+                if len(rs) > 1 and decoding[rs[0]].group_pages >= 1]
 
     def _emit(self, req: _Request, tok: int) -> tuple[int, int, bool]:
         """Record req's new token; at its end, give its pages back to the pool."""
@@ -321,23 +399,45 @@ class Engine:
     def _prefill_chunk(self, req: _Request) -> torch.Tensor | None:
         """Feed the next chunk of req's prompt through the model's own attention; when the prompt is
         done, copy its K/V into the paged cache and return the last position's logits [vocab]."""
-        model, S = self.model, req.prompt.numel()
+        S = req.prompt.numel()
         if req.dyn is None:
             req.dyn = self._transformers.DynamicCache()
+            if req.prefix is not None:  # the prefix's K/V, read back from its pages
+                self._load_prefix(req.prefix, req.dyn)
         a, b = req.done_prefill, min(S, req.done_prefill + self.prefill_chunk)
-        kw = {hf._cache_kwarg(model): req.dyn}
-        out = model(input_ids=req.prompt[None, a:b], position_ids=torch.arange(a, b, device=self.device)[None],
-                    use_cache=True, **kw)
+        out = self._forward(req.prompt, a, b, req.dyn)
         req.done_prefill = b
         if b < S:
             return None
-        req.sid = self.cache.add_sequence()
-        for layer in range(self.cache.num_layers):
-            k, v = hf._layer_kv(req.dyn, layer)  # [1, Hkv, S, D]
-            self.cache.append([req.sid], k.transpose(1, 2), v.transpose(1, 2), layer=layer)
+        req.sid = self._store(req.dyn, req.prefix, req.prefix.ids.numel() if req.prefix is not None else 0)
         req.dyn = None
         req.position = S
         return out.logits[0, -1]
+
+    def _forward(self, ids: torch.Tensor, a: int, b: int, dyn):
+        """The model's own forward over ids[a:b] at positions a..b-1, after dyn's keys."""
+        return self.model(input_ids=ids[None, a:b], position_ids=torch.arange(a, b, device=self.device)[None],
+                          use_cache=True, **{hf._cache_kwarg(self.model): dyn})
+
+    def _store(self, dyn, prefix: _Prefix | None, start: int) -> int:
+        """A sequence holding dyn's K/V from position start on: a new one, or a fork of prefix's."""
+        sid = self.cache.add_sequence() if prefix is None else self.cache.fork(prefix.sid)
+        for layer in range(self.cache.num_layers):
+            k, v = hf._layer_kv(dyn, layer)  # [1, Hkv, S, D]
+            self.cache.append([sid], k[:, :, start:].transpose(1, 2), v[:, :, start:].transpose(1, 2), layer=layer)
+        return sid
+
+    def _load_prefix(self, prefix: _Prefix, dyn) -> None:
+        """dyn gets the prefix's K/V [1, Hkv, P, D] per layer (dequantised from an fp8 pool)."""
+        c, P = self.cache, prefix.ids.numel()
+        pages = torch.tensor(c.pages(prefix.sid), device=self.device)
+        dtype = next(self.model.parameters()).dtype
+        fp8 = c.dtype in hf.FP8_DTYPES
+        for layer in range(c.num_layers):
+            k, v = (pool[pages].flatten(0, 1)[:P] for pool in (c.k_pages(layer), c.v_pages(layer)))
+            k = _dequant(k, c.k_scale(layer) if fp8 else None, dtype)
+            v = _dequant(v, c.v_scale(layer) if fp8 else None, dtype)
+            dyn.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], layer)
 
     # ------------------------------------------------------------------ loops
     def stream(self):

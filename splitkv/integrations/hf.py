@@ -29,6 +29,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -359,6 +360,8 @@ def use_graphs(model, state: DecodeState, cuda_graph: bool | str) -> None:
         from .hf_graph import GraphSteps
 
         state.graphs = GraphSteps(model, state, compile=cuda_graph == "compile")
+    elif cuda_graph and state.cache.device.type == "cuda":
+        logging.getLogger("splitkv").warning("cuda_graph: the torch backend's decode steps run eagerly")
 
 
 @torch.no_grad()
