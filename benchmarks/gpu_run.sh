@@ -23,7 +23,7 @@ if has tests; then  # GPU_TEST_JOBS=n: n pytest processes over contiguous slices
   wait
   for i in $shards; do tail -25 "$OUT/gpu_tests_$i.log"; done | tee "$OUT/gpu_tests.log"
 fi
-if has demo; then python -m splitkv demo 2>&1 | tee "$OUT/demo.log"; fi
+if has demo; then python -m splitkv demo ${DEMO_ARGS:-} 2>&1 | tee "$OUT/demo.log"; fi  # DEMO_ARGS=--tf-compile
 # tile sweep: each backend's planner tile vs forced (block_n x warps x stages) tiles, graph replay,
 # on split shapes (B=1 GQA 4K / 32K) and unsplit ones (B=16 MHA 4K / 32K, B=64 GQA 32K, paged 16)
 TUNE_DEFAULT="b1-l4k-h32x8-d128,b1-l32k-h32x8-d128,b16-l4k-h32x32-d128,b16-l32k-h32x32-d128,b64-l32k-h32x8-d128,b16-l32k-h32x32-d128-paged16"

@@ -13,11 +13,15 @@ SHOW_SPLITS = 8  # ...so it forces this many (bounded by one 64-key tile per spl
 
 
 def demo_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
+    ap = argparse.ArgumentParser(
         prog="python -m splitkv demo",
         description="Long-context decode per backend, timed (eager without a plan, and under CUDA-graph replay, "
                     "next to cuDNN on a GPU) and checked against the fp64 reference; then a small Llama decoded "
                     "through splitkv vs transformers' generate (needs the hf extra).")
+    ap.add_argument("--tf-compile", action="store_true",
+                    help="GPU: also time transformers' generate with a StaticCache and its automatic torch.compile "
+                         "(its fastest configuration; it compiles at its first call, timed)")
+    return ap
 
 
 def bench_parser() -> argparse.ArgumentParser:

@@ -113,7 +113,7 @@ def measure_case(B, Hq, Hkv, D, L, dtype, names, device) -> tuple[list[list[str]
 def main(argv: list[str] | None = None) -> int:
     from .cli_args import demo_parser
 
-    demo_parser().parse_args(argv)
+    args = demo_parser().parse_args(argv)
     console = Console(width=None if Console().is_terminal else 160)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -146,5 +146,5 @@ def main(argv: list[str] | None = None) -> int:
     console.print("[green]all results match the reference[/]" if ok_all else "[red]mismatch against the reference[/]")
     from .demo_llama import run as run_llama
 
-    ok_all &= run_llama(console, device)
+    ok_all &= run_llama(console, device, tf_compile=args.tf_compile)
     return 0 if ok_all else 1

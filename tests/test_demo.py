@@ -20,8 +20,9 @@ def test_demo_main_prints_the_columns(monkeypatch, capsys):
     monkeypatch.setattr(demo, "_cases", lambda device: [(1, 4, 2, 64, 256, torch.bfloat16, ["torch"])])
     import splitkv.demo_llama
 
-    monkeypatch.setattr(splitkv.demo_llama, "run", lambda console, device: True)
-    assert demo.main([]) == 0
+    seen = []
+    monkeypatch.setattr(splitkv.demo_llama, "run", lambda console, device, tf_compile: seen.append(tf_compile) or True)
+    assert demo.main([]) == 0 and demo.main(["--tf-compile"]) == 0 and seen == [False, True]
     out = capsys.readouterr().out
     for col in ("eager, no plan", "graph, plan", "cuDNN eager", "cuDNN graph"):
         assert col in out
@@ -36,3 +37,14 @@ def test_cli_version_unknown_command_and_demo_help(capsys):
     with pytest.raises(SystemExit) as e:  # --help describes the demo instead of running it
         main(["demo", "--help"])
     assert e.value.code == 0 and "fp64 reference" in capsys.readouterr().out
+
+
+def test_a_failing_transformers_compile_is_reported_not_raised(monkeypatch):
+    """demo --tf-compile: transformers' compiled StaticCache is a peer; its failure is a message."""
+    import splitkv.demo_llama as D
+
+    def boom(*a, **k):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(D, "_tf_generate", boom)
+    assert D._tf_compiled_ms(None, None, 4, torch.device("cpu")) == "RuntimeError: no compiler"
