@@ -250,6 +250,32 @@ def test_gpu_graph_steps_replay_the_eager_step(kv_cache_dtype):
 
 
 @pytest.mark.gpu
+def test_gpu_a_failed_capture_falls_back_to_the_eager_step(monkeypatch, caplog):
+    """torch.cuda.graph raising at capture: the log says so, the shape is marked eager, and its steps
+    (the capture attempt's warm-up run included) give the logits of the same fixed-shape steps run
+    without graphs."""
+    model = _model(tf, torch.bfloat16, head_dim=128, device="cuda", layers=2, hq=32, hkv=8, hidden=1024,
+                   vocab=1000)
+    ids = torch.randint(3, 1000, (3, 300), generator=torch.Generator().manual_seed(4)).cuda()
+    graph, logits = hf.prefill(model, ids, max_new_tokens=8, page_size=16)
+    eager, _ = hf.prefill(model, ids, max_new_tokens=8, page_size=16, cuda_graph=False)
+    _fixed_shape(model, eager)  # the same fixed-shape steps, never captured
+
+    def no_capture(*a, **k):
+        raise RuntimeError("capture refused")
+
+    monkeypatch.setattr(torch.cuda, "graph", no_capture)
+    with caplog.at_level("WARNING", logger="splitkv"), hf.use_splitkv(model):
+        tok = logits.argmax(-1)
+        for _ in range(5):
+            a, b = (hf.decode_step(model, st, tok).float() for st in (graph, eager))
+            assert (a - b).abs().max() <= 1e-2 * b.abs().max()  # the same kernels on the same shapes
+            tok = b.argmax(-1)
+    assert any("capture refused" in r.getMessage() and "runs eagerly" in r.getMessage() for r in caplog.records)
+    assert graph.graphs.steps and all(io.eager and io.graph is None for io in graph.graphs.steps.values())
+
+
+@pytest.mark.gpu
 def test_gpu_engine_with_graph_steps_matches_the_eager_engine():
     """Continuous batching on the GPU: requests joining mid-run and leaving at different steps, the
     engine's CUDA-graph steps against the same engine stepping eagerly: the same tokens per request
