@@ -28,9 +28,13 @@ from . import debug, validate
 from .plan import DecodePlan, build, maybe_print
 from .variants import PLAIN, PLAIN_KEY
 
-# (signature, stream or thread) -> DecodePlan. Never evicted: a CUDA graph that captured a plain
-# decode replays into its plan's workspace, so dropping the plan (and its memory) behind the graph's
-# back could corrupt a replay; splitkv.clear_plans() is the caller's explicit release.
+# (signature, stream or thread) -> DecodePlan, oldest first. Past MAX_PLANS entries (a cache grown
+# by torch.cat makes a new signature every step) the oldest plans go, down to 3/4 of it, with their
+# signatures' bound launches, except plans a CUDA-graph capture ran (DecodePlan.captured): a graph
+# replays into its plan's workspace, so only splitkv.clear_plans(), the caller's explicit release,
+# drops those. An evicted plan's memory returns to torch's allocator in its stream's order (the
+# plan is per stream), so launches still in flight are safe.
+MAX_PLANS = 128
 _PLANS: dict = {}
 _LOCK = threading.Lock()
 
@@ -66,7 +70,18 @@ def _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch
     maybe_print(plan)
     with _LOCK:
         _PLANS[key] = plan
+        if len(_PLANS) > MAX_PLANS:
+            _evict(MAX_PLANS * 3 // 4)
     return plan
+
+
+def _evict(keep: int) -> None:
+    """Drop the oldest plans no capture ran until `keep` are left (or only captured ones); under _LOCK."""
+    for key in [k for k, p in _PLANS.items() if not p.captured[0]]:
+        if len(_PLANS) <= keep:
+            break
+        del _PLANS[key]
+        validate.forget_signature(key[0])  # its Problem's memo holds the plan's bound launches
 
 
 def clear_plans() -> None:
@@ -196,6 +211,8 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     with plan.lock:
         if own_plan:
             plan.schedule(cache_seqlens) if copied else plan.schedule_if_new(cache_seqlens)
+            if copied and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                plan.captured[0] = True  # schedule_if_new marks the other calls
         plan.module.run(q, k_cache, v_cache, cache_seqlens, block_table, plan, plan.o_part, plan.lse_part, o, lse,
                         scale, causal, variant)
     if debug.active():

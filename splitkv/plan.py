@@ -93,6 +93,9 @@ class DecodePlan:
     # held from a call's schedule through its last launch: threads on one stream share a plan (its
     # split table, partials and bound argument slots), so their launch sequences must not interleave
     lock: object = field(default_factory=threading.Lock, repr=False)
+    # [True] once a call ran it under CUDA-graph capture: a graph may replay into its workspace, so
+    # decode()'s own plan cache never evicts it (execute.MAX_PLANS)
+    captured: list = field(default_factory=lambda: [False], repr=False)
     num_splits: torch.Tensor = field(init=False, repr=False)  # int32 [B] views of sched, made once
     chunk_lens: torch.Tensor = field(init=False, repr=False)
     module: object = field(init=False, repr=False)  # the backend module that runs it
@@ -147,6 +150,8 @@ class DecodePlan:
         balance only."""
         last = self.last_lengths[0]
         where = capture.token(self.device)  # a fresh token (capture id unreadable) equals nothing
+        if where is not None:
+            self.captured[0] = True
         if last is not None and last[0]() is cache_seqlens and last[1] == cache_seqlens._version and where == last[2]:
             return
         self.schedule(cache_seqlens)

@@ -93,6 +93,11 @@ def forget() -> None:
     _SEEN.clear()
 
 
+def forget_signature(key) -> None:
+    """Drop one signature's Problem (and its memo); the next call with it validates again."""
+    _SEEN.pop(key, None)
+
+
 def check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend,
                 causal) -> tuple:
     """(key, Problem): key = the inputs' signature (None when not hashable). One Problem object per

@@ -380,6 +380,7 @@ def test_plain_decodes_captured_together_share_one_schedule(backend):
     with torch.cuda.graph(graph, stream=s):
         outs = [splitkv.decode(q, k, v, sl, backend=backend, return_lse=True) for q, k, v, _ in layers]
     assert len(calls) == (1 if _cuda_bindings() else 3)  # without cuda-python every call records its own
+    assert plan.captured[0]  # execute.MAX_PLANS: a plan a capture ran is never evicted
     for new in ([3, 4050, 2000], [0, 17, 4100]):
         sl.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
@@ -597,3 +598,25 @@ def test_plans_stay_out_of_a_graph_pool_the_thread_allocates_to():
     q, k, v, sl = make_inputs(2, 1, 8, 2, 64, [5000, 40], BF16, DEV)
     o, lse = splitkv.decode(q, k, v, sl, plan=p, return_lse=True)
     assert_close_to_reference(o, lse, q, k, v, sl)
+
+
+def test_plan_cache_is_bounded_and_keeps_captured_plans(monkeypatch):
+    """A cache grown by torch.cat makes a new signature (and plan) per step: past MAX_PLANS the
+    oldest plans go with their signatures, except one a CUDA-graph capture ran (it may be replayed);
+    decode stays right after an eviction."""
+    from splitkv import execute, validate
+
+    monkeypatch.setattr(execute, "MAX_PLANS", 8)
+    splitkv.clear_plans()
+    q, k, v, _ = make_inputs(1, 1, 8, 2, 64, [600], BF16, DEV)
+    splitkv.decode(q, k[:, :300], v[:, :300], torch.tensor([300], dtype=torch.int32, device=DEV))
+    (first,) = execute._PLANS.values()
+    first.captured[0] = True  # as DecodePlan.schedule_if_new marks a plan run under capture
+    for L in range(301, 330):
+        sl = torch.tensor([L], dtype=torch.int32, device=DEV)
+        o, lse = splitkv.decode(q, k[:, :L], v[:, :L], sl, return_lse=True)
+        assert len(execute._PLANS) <= 8
+    assert_close_to_reference(o, lse, q, k[:, :329], v[:, :329], sl)
+    assert first in execute._PLANS.values()  # the captured plan stayed
+    assert len(validate._SEEN) <= 8 + 1  # the evicted plans' signatures went with them
+    splitkv.clear_plans()
