@@ -73,6 +73,25 @@ def test_decode_on_fp8_cache_matches_reference(backend, fp8, per_head, case, dev
         _check(o.cpu(), lse.cpu(), ro.cpu(), rl.cpu())
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("fp8", FP8, ids=str)
+@pytest.mark.parametrize("page", [None, 16])
+def test_fp16_queries_on_fp8_caches(backend, fp8, page):
+    """fp16 q (the output's dtype too) on fp8 caches, per-head scales, split and not."""
+    B, Sq, Hq, Hkv, D, lens = 2, 2, 8, 2, 96, [250, 33]
+    q, k, v, sl, ks, vs = _fp8_inputs(B, Sq, Hq, Hkv, D, lens, fp8, per_head=True)
+    q = q.to(torch.float16)
+    bt = None
+    if page is not None:
+        k, v, bt = to_paged(k, v, lens, page)
+    ro, rl = decode_reference(q, k, v, sl, block_table=bt, k_scale=ks, v_scale=vs)
+    for num_splits in (1, 3):
+        o, lse = splitkv.decode(q, k, v, sl, block_table=bt, k_scale=ks, v_scale=vs, return_lse=True,
+                                num_splits=num_splits, backend=backend)
+        assert o.dtype == torch.float16
+        _check(o, lse, ro, rl)
+
+
 def _fp8_variant(name, Hq, device):
     g = torch.Generator().manual_seed(Hq)
     kw = {"window": dict(window_size=(23, -1)), "softcap": dict(softcap=30.0),
