@@ -354,6 +354,11 @@ def test_prefix_pages_are_shared_and_counted(model):
     assert eng.cache.num_free_pages == 7
     with pytest.raises(ValueError, match="prefix: expected a handle"):
         eng.remove_prefix(h)
+    # removed while its only user waits: the pages go when that request is cancelled
+    h2 = eng.add_prefix(_prompt(20, 44))
+    rid = eng.add_request(_prompt(3, 45), 4, eos_token_id=None, prefix=h2)
+    eng.remove_prefix(h2)
+    assert eng.cache.num_free_pages == 5 and eng.cancel(rid) and eng.cache.num_free_pages == 7
 
 
 def test_share_prefix_without_graph_steps_says_so(model, caplog):
