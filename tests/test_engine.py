@@ -354,6 +354,13 @@ def test_prefix_pages_are_shared_and_counted(model):
     assert eng.cache.num_free_pages == 7
     with pytest.raises(ValueError, match="prefix: expected a handle"):
         eng.remove_prefix(h)
+    # a request that fits the pool but not what the prefixes leave: step() says so instead of spinning
+    h3 = eng.add_prefix(_prompt(64, 46))
+    big = eng.add_request(_prompt(50, 47), 8, eos_token_id=None)  # 4 pages, 3 free
+    with pytest.raises(RuntimeError, match=f"request {big} needs 4 free pages.*remove_prefix"):
+        eng.step()
+    eng.remove_prefix(h3)
+    assert len(eng.run()[big]) == 8 and eng.cache.num_free_pages == 7
     # removed while its only user waits: the pages go when that request is cancelled
     h2 = eng.add_prefix(_prompt(20, 44))
     rid = eng.add_request(_prompt(3, 45), 4, eos_token_id=None, prefix=h2)

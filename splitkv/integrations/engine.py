@@ -344,6 +344,12 @@ class Engine:
 
     def _step(self) -> list[tuple[int, int, bool]]:
         self._admit()
+        if self._queue and not self._prefilling and not self._active:  # nothing running will free a page
+            lead = self._queue[0]
+            need = lead.pages + sum(f.pages for f in lead.followers)
+            raise RuntimeError(f"request {lead.rid} needs {need} free pages, and with no request running the pool "
+                               f"has {self.cache.num_free_pages}: the prefixes hold the rest (remove_prefix) or "
+                               f"cancel it; it stays queued")
         emitted = []
         decoding = list(self._active)  # the requests prefilled before this step
         joined = []
