@@ -109,7 +109,7 @@ class Engine:
     prefill_chunk: prompt tokens prefilled per step; backend, kv_cache_dtype, cuda_graph: as in
     hf.generate (on a GPU each decode step replays a CUDA graph of the whole model step, one per
     batch-size bucket: hf_graph). share_prefix=True: the decode steps attend the prompt prefix that
-    the n samples of a request share once for all of them (cascade.group_prefix_decode, merged
+    the n samples of a request (or the requests on one add_prefix prefix) share once for all of them (cascade.group_prefix_decode, merged
     with each sample's own keys) instead of once per sample; with the fixed-shape / graph steps
     only (a GPU), not yet measured there, so off by default.
     An fp8 pool's scales (k_scale, v_scale: a float, or float32 [num_layers, Hkv]) are fixed when
