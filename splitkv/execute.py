@@ -30,10 +30,12 @@ from .variants import PLAIN, PLAIN_KEY
 
 # (signature, stream or thread) -> DecodePlan, oldest first. Past MAX_PLANS entries (a cache grown
 # by torch.cat makes a new signature every step) the oldest plans go, down to 3/4 of it, with their
-# signatures' bound launches, except plans a CUDA-graph capture ran (DecodePlan.captured): a graph
-# replays into its plan's workspace, so only splitkv.clear_plans(), the caller's explicit release,
-# drops those. An evicted plan's memory returns to torch's allocator in its stream's order (the
-# plan is per stream), so launches still in flight are safe.
+# signatures' bound launches: CPU plans, and CUDA plans of the device's default stream, which were
+# allocated on the stream they run on, so the allocator reuses their memory only after their
+# launches (stream order). Never evicted: the plan the call is making, plans a CUDA-graph capture
+# ran (DecodePlan.captured: a graph replays into their workspace) and plans of other streams (their
+# memory was allocated on the default stream, by workspace.outside_graph_pools' helper thread);
+# splitkv.clear_plans(), which synchronises first, is the explicit release of those.
 MAX_PLANS = 128
 _PLANS: dict = {}
 _LOCK = threading.Lock()
@@ -68,18 +70,24 @@ def _cached_plan(key, prob, q, k_cache, v_cache, out, backend, num_splits, batch
     plan = build(prob, q.device, backend=backend, num_splits=num_splits, batch_invariant=batch_invariant,
                  layout_ok=ok, variant=variant)
     maybe_print(plan)
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        plan.captured[0] = True  # made inside a capture: the graph holds its workspace
     with _LOCK:
         _PLANS[key] = plan
         if len(_PLANS) > MAX_PLANS:
-            _evict(MAX_PLANS * 3 // 4)
+            _evict(MAX_PLANS * 3 // 4, key)
     return plan
 
 
-def _evict(keep: int) -> None:
-    """Drop the oldest plans no capture ran until `keep` are left (or only captured ones); under _LOCK."""
-    for key in [k for k, p in _PLANS.items() if not p.captured[0]]:
+def _evict(keep: int, newest) -> None:
+    """Drop the oldest plans that may go (see _PLANS) until `keep` are left; under _LOCK."""
+    for key, plan in list(_PLANS.items()):
         if len(_PLANS) <= keep:
             break
+        if key == newest or plan.captured[0]:
+            continue
+        if plan.device.type == "cuda" and key[1][0] != torch.cuda.default_stream(plan.device).cuda_stream:
+            continue
         del _PLANS[key]
         validate.forget_signature(key[0])  # its Problem's memo holds the plan's bound launches
 
@@ -164,6 +172,8 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     """splitkv.decode without the torch.compile dispatch (what the custom op runs). variant: a
     checked splitkv.variants.Variant (a repeated variant call takes the lean path too: its launch
     is bound per Variant.kernel_key, and its tensors' pointers are passed per call)."""
+    if type(batch_invariant) is not bool:  # before the lean path, whose memo key 0 would equal False
+        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     key, prob = validate.check_keyed(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale,
                                      backend, causal)
     if prob is not None and prob.kv_fp8 and variant.k_scale is None:
@@ -189,8 +199,6 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
         validate.check_seqlens_host(cache_seqlens.tolist(), prob, block_table, k_cache.shape[0])
         if variant.fp8 == "head":
             validate.check_scale_values(variant.k_scale, variant.v_scale)
-    if not isinstance(batch_invariant, bool):
-        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     if own_plan:
         extra = (_owner(q.device), batch_invariant, _align_bits(q, k_cache, v_cache), variant.key())
         plan = _cached_plan((key, extra), prob, q, k_cache, v_cache, out, backend, num_splits, batch_invariant,

@@ -153,6 +153,9 @@ def test_fp8_pool(model):
     assert sum(a == b for a, b in zip(out, solo, strict=True)) >= 5, (out, solo)
     assert eng.cache.num_free_pages == 8
     # a prefix on the fp8 pool: the suffix's prefill reads its K/V dequantised (per layer and head)
+    scales = scales.clone()
+    scales[-1] = torch.linspace(0.03, 0.05, model.config.num_key_value_heads)
+    eng = E.Engine(model, num_pages=8, page_size=16, kv_cache_dtype="fp8_e4m3", k_scale=scales, v_scale=scales * 2)
     h = eng.add_prefix(ids[:40])
     dyn = tf.DynamicCache()
     eng._load_prefix(eng._prefixes[h], dyn)
@@ -340,10 +343,12 @@ def test_prefix_pages_are_shared_and_counted(model):
     h = eng.add_prefix(_prompt(64, 40))  # 4 full pages
     # each request: its own page (tokens 64..79: 3 of the suffix + 12 new), 3 x 1 + 4 = 7 pages
     rids = [eng.add_request(_prompt(3, 41 + i), 12, eos_token_id=None, prefix=h) for i in range(3)]
-    eng.step()
+    first = eng.step()
     assert eng.queued == 0  # all three admitted at once
     out = eng.run()
-    assert all(len(out[r]) >= 11 for r in rids)
+    assert all(len(out[r]) + sum(x == r for x, _, _ in first) == 12 for r in rids)
+    with pytest.raises(ValueError, match="max_new_tokens: prompt .* need 8 pages, the pool has 7"):
+        eng.add_request(_prompt(3, 48), 60, prefix=h)  # 4 pages of its own while the prefix holds 4
     with pytest.raises(E.CacheFullError, match="needs 4 free pages"):
         eng.add_prefix(_prompt(64, 42))
     with pytest.raises(ValueError, match="prefix: expected a handle"):

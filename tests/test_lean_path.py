@@ -619,4 +619,15 @@ def test_plan_cache_is_bounded_and_keeps_captured_plans(monkeypatch):
     assert_close_to_reference(o, lse, q, k[:, :329], v[:, :329], sl)
     assert first in execute._PLANS.values()  # the captured plan stayed
     assert len(validate._SEEN) <= 8 + 1  # the evicted plans' signatures went with them
+    L = 400
+    while len(execute._PLANS) < 8:
+        L += 1
+        splitkv.decode(q, k[:, :L], v[:, :L], torch.tensor([L], dtype=torch.int32, device=DEV))
+    for p in execute._PLANS.values():  # every plan captured: the one a call makes still stays
+        p.captured[0] = True
+    sl = torch.tensor([500], dtype=torch.int32, device=DEV)
+    splitkv.decode(q, k[:, :500], v[:, :500], sl)
+    assert len(execute._PLANS) == 9 and list(execute._PLANS.values())[-1].max_seqlen == 500
+    with pytest.raises(TypeError, match="batch_invariant: expected a bool"):
+        splitkv.decode(q, k[:, :500], v[:, :500], sl, batch_invariant=0)
     splitkv.clear_plans()

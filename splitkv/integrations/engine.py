@@ -109,9 +109,10 @@ class Engine:
     prefill_chunk: prompt tokens prefilled per step; backend, kv_cache_dtype, cuda_graph: as in
     hf.generate (on a GPU each decode step replays a CUDA graph of the whole model step, one per
     batch-size bucket: hf_graph). share_prefix=True: the decode steps attend the prompt prefix that
-    the n samples of a request (or the requests on one add_prefix prefix) share once for all of them (cascade.group_prefix_decode, merged
-    with each sample's own keys) instead of once per sample; with the fixed-shape / graph steps
-    only (a GPU), not yet measured there, so off by default.
+    the n samples of a request (or the requests on one add_prefix prefix) share once for all of
+    them (cascade.group_prefix_decode, merged with each sample's own keys) instead of once per
+    sample; with the fixed-shape / graph steps only (a GPU), not yet measured there, so off by
+    default.
     An fp8 pool's scales (k_scale, v_scale: a float, or float32 [num_layers, Hkv]) are fixed when
     it is made, before any prompt is seen: calibrate them offline for K/V with outlier channels
     (PagedKVCache). Not thread-safe."""
@@ -185,9 +186,10 @@ class Engine:
         ps, S, P = self.cache.page_size, ids.numel(), pre.ids.numel() if pre is not None else 0
         pages = math.ceil((S + max_new_tokens) / ps) - P // ps  # past the prefix's full pages
         own = math.ceil((S + max_new_tokens) / ps) - S // ps  # a follower's pages: past the prompt's full ones
-        if pages + (n - 1) * own > self.cache.num_pages:
+        need = pages + (n - 1) * own + math.ceil(P / ps)  # the prefix holds its pages until the request forks
+        if need > self.cache.num_pages:
             raise ValueError(f"max_new_tokens: prompt ({S}) + max_new_tokens ({max_new_tokens}) x n ({n}) need "
-                             f"{pages + (n - 1) * own} pages, the pool has {self.cache.num_pages}")
+                             f"{need} pages, the pool has {self.cache.num_pages}")
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
             raise ValueError(f"temperature: expected a float >= 0 (0 = greedy), got {temperature!r}")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
