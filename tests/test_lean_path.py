@@ -336,6 +336,34 @@ def test_plain_decode_never_syncs_and_replays_in_a_graph(backend, paged):
 
 
 @pytest.mark.gpu
+def test_a_captured_decode_with_strided_lengths_marks_its_plan():
+    """Strided cache_seqlens are copied inside the capture (the full path's schedule, not
+    schedule_if_new): the plan is still marked captured, so execute.MAX_PLANS never evicts it, and
+    replays with new lengths match eager calls."""
+    from splitkv import execute
+
+    q, k, v, _ = make_inputs(3, 1, 32, 8, 128, [4100] * 3, BF16, "cuda", nan_tail=False, pad=200)
+    both = torch.tensor([[4000, 1], [700, 1], [1, 1]], dtype=torch.int32, device="cuda")
+    splitkv.clear_plans()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        splitkv.decode(q, k, v, both[:, 0], backend="triton")  # warm the capture stream's plan
+        (plan,) = execute._PLANS.values()
+    torch.cuda.current_stream().wait_stream(s)
+    assert not plan.captured[0]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        og = splitkv.decode(q, k, v, both[:, 0], backend="triton")
+    assert plan.captured[0]
+    for new in ([3, 4050, 2000], [0, 17, 4100]):
+        both[:, 0] = torch.tensor(new, dtype=torch.int32)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(og, splitkv.decode(q, k, v, both[:, 0].contiguous(), backend="triton")), new
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["auto", "cutlass", "triton"])
 def test_back_to_back_plain_decodes_with_new_lengths_are_exact(backend):
     """Plain decodes issued back to back without a sync, the lengths rewritten on the GPU between
