@@ -378,3 +378,17 @@ def test_share_prefix_without_graph_steps_says_so(model, caplog):
     with caplog.at_level("WARNING", logger="splitkv"):
         E.Engine(model, num_pages=4, page_size=16, share_prefix=True)
     assert any("share_prefix" in r.getMessage() for r in caplog.records)
+
+
+def test_plans_keep_their_bound_as_the_batch_changes(model):
+    """The eager steps' plan is rebuilt at every batch change: it keeps its length bound (doubling it
+    at each change overflowed int32 after ~30 joins and leaves) and never exceeds the pool's tokens."""
+    eng = E.Engine(model, num_pages=16, page_size=16, backend="torch")
+    rids = []
+    for i in range(40):  # a request joins every step, each leaves after 2 or 3 tokens: the batch churns
+        rids.append(eng.add_request(_prompt(3 + i % 5, 60 + i), 2 + i % 2, eos_token_id=None))
+        eng.step()
+    out = eng.run()
+    (plan,) = eng._state.plans.values()
+    assert plan.max_seqlen <= 16 * 16
+    assert all(len(out.get(r, [])) <= 3 for r in rids) and eng.cache.num_free_pages == 16

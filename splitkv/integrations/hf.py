@@ -161,12 +161,15 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
 
 def _step_plan(state, plans, key, lens, Hq, *, Hkv, D, Sq, bound, dtype, kv_dtype, var) -> DecodePlan:
     """The plan for `key` at these lengths: made once, sized for the table's capacity (no host read
-    of the lengths) and rebuilt only when that grows; its split table refreshed once per step."""
+    of the lengths) and rebuilt when that grows (to twice its old bound, at most the pool's tokens)
+    or the batch changes (keeping its bound); its split table refreshed once per step."""
     p = plans.get(key)
     if p is None or (p.batch, p.num_q_heads, p.q_len, p.head_dim) != (lens.shape[0], Hq, Sq, D) \
             or p.max_seqlen < bound:
+        old = p.max_seqlen if p is not None else 0
+        grown = min(2 * old, state.cache.num_pages * state.cache.page_size) if old < bound else old
         p = plans[key] = make_plan(lens, Hq, Hkv, D, q_len=Sq, num_splits=state.num_splits,
-                                   max_seqlen=max(bound, 2 * (p.max_seqlen if p is not None else 0)),
+                                   max_seqlen=max(bound, grown),
                                    backend=state.backend, paged=True, dtype=dtype, kv_dtype=kv_dtype, **var)
     elif key not in state.refreshed:  # once per step: the split table for these lengths, on the device
         p.refresh(lens)
