@@ -1,6 +1,7 @@
 """The continuous-batching engine against its contract, under random interleavings (hypothesis
 stateful): requests (alone, n samples, on a shared prefix) join at any step, are cancelled, prefixes
-come and go, the pool is small. Invariants: the pages held never exceed the pool, and at the end
+come and go, the pool is small; also with the fixed-shape steps that decode a shared prefix once per
+group (share_prefix). Invariants: the pages held never exceed the pool, and at the end
 every page is back; every request that was not cancelled gets exactly the greedy tokens of its whole
 prompt run alone (a tiny fp32 Llama on the CPU, torch backend)."""
 
@@ -19,6 +20,7 @@ from test_hf import _model  # noqa: E402
 from splitkv.cache import CacheFullError  # noqa: E402
 from splitkv.integrations import engine as E  # noqa: E402
 from splitkv.integrations import hf  # noqa: E402
+from splitkv.integrations import hf_graph as G  # noqa: E402
 
 PS, POOL = 8, 24
 _MODEL = []
@@ -42,9 +44,14 @@ tokens = st.lists(st.integers(3, 127), min_size=1, max_size=3 * PS).map(lambda x
 
 
 class EngineMachine(RuleBasedStateMachine):
+    share = False  # GroupedEngineMachine: fixed-shape steps decoding shared prefixes once per group
+
     def __init__(self):
         super().__init__()
-        self.eng = E.Engine(_model_once(), num_pages=POOL, page_size=PS, prefill_chunk=5, backend="torch")
+        self.eng = E.Engine(_model_once(), num_pages=POOL, page_size=PS, prefill_chunk=5, backend="torch",
+                            share_prefix=self.share)
+        if self.share:  # what a GPU captures, run eagerly (hf_graph)
+            self.eng._state.graphs = G.GraphSteps(self.eng.model, self.eng._state, capture=False)
         self.prefixes: dict[int, torch.Tensor] = {}  # live handle -> its tokens
         self.want: dict[int, tuple[torch.Tensor, int]] = {}  # request id -> (whole prompt, new tokens)
         self.got: dict[int, list[int]] = {}
@@ -113,6 +120,16 @@ class EngineMachine(RuleBasedStateMachine):
                 assert self.got.get(rid) == _solo(whole, new), rid
 
 
-EngineMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=30, deadline=None,
+# derandomize: CI runs the same examples every time (exact token equality must not turn flaky on a
+# near-tie a new seed might draw); run with more examples and random seeds by hand to hunt
+EngineMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=30, deadline=None, derandomize=True,
                                            suppress_health_check=[HealthCheck.too_slow])
 test_engine_against_solo_runs = EngineMachine.TestCase
+
+
+class GroupedEngineMachine(EngineMachine):
+    share = True
+
+
+GroupedEngineMachine.TestCase.settings = EngineMachine.TestCase.settings
+test_grouped_engine_against_solo_runs = GroupedEngineMachine.TestCase
