@@ -7,6 +7,8 @@ prompt run alone (a tiny fp32 Llama on the CPU, torch backend)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
@@ -23,14 +25,12 @@ from splitkv.integrations import hf  # noqa: E402
 from splitkv.integrations import hf_graph as G  # noqa: E402
 
 PS, POOL = 8, 24
-_MODEL = []
 _SOLO: dict = {}
 
 
+@functools.cache
 def _model_once():
-    if not _MODEL:
-        _MODEL.append(_model(tf))
-    return _MODEL[0]
+    return _model(tf)
 
 
 def _solo(ids: torch.Tensor, new: int) -> list[int]:

@@ -44,7 +44,7 @@ import torch
 
 from .. import validate
 from ..cache import CacheFullError, PagedKVCache
-from ..reference import _dequant
+from ..reference import _dequant, gather_keys
 from . import hf
 
 
@@ -438,11 +438,11 @@ class Engine:
     def _load_prefix(self, prefix: _Prefix, dyn) -> None:
         """dyn gets the prefix's K/V [1, Hkv, P, D] per layer (dequantised from an fp8 pool)."""
         c, P = self.cache, prefix.ids.numel()
-        pages = torch.tensor(c.pages(prefix.sid), device=self.device)
+        table, _ = c.batch([prefix.sid])
         dtype = next(self.model.parameters()).dtype
         fp8 = c.dtype in hf.FP8_DTYPES
         for layer in range(c.num_layers):
-            k, v = (pool[pages].flatten(0, 1)[:P] for pool in (c.k_pages(layer), c.v_pages(layer)))
+            k, v = (gather_keys(pool, 0, P, table) for pool in (c.k_pages(layer), c.v_pages(layer)))
             k = _dequant(k, c.k_scale(layer) if fp8 else None, dtype)
             v = _dequant(v, c.v_scale(layer) if fp8 else None, dtype)
             dyn.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], layer)
