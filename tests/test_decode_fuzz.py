@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 import splitkv
 from splitkv import backends
+from splitkv.cache import quantize
 from splitkv.reference import decode_reference
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -142,12 +143,10 @@ def cases(draw, backend: str):
 
 
 def _quantise(x: torch.Tensor, scale, fp8: torch.dtype) -> torch.Tensor:
-    """x / scale in fp8 (saturated; NaN stays NaN), keeping x's strides (a transposed view stays one)."""
-    big = torch.finfo(fp8).max
-    s = scale[:, None] if isinstance(scale, torch.Tensor) else scale
-    out = torch.empty_strided(x.shape, x.stride(), dtype=fp8)
-    out.copy_((x / s).clamp(-big, big))
-    return out
+    """x / scale in fp8 through the cache's own quantize (saturated; NaN stays NaN; elementwise, so a
+    transposed view stays one); a per-tensor float scale becomes one per KV head."""
+    s = scale if isinstance(scale, torch.Tensor) else torch.full((x.shape[-2],), scale)
+    return quantize(x, s, fp8)
 
 
 def _build(c: Case):
