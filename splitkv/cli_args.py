@@ -50,6 +50,10 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
     ap.add_argument("--no-host", action="store_true",
                     help="skip host timing (CPU µs per call of a launch loop without synchronising)")
+    ap.add_argument("--flush", choices=("write", "read"), default="write",
+                    help="how eager timing evicts the L2 before each call: write (default, do_bench's 256 MB "
+                         "memset; the call also pays the write-back of the dirty lines it leaves) or read (a "
+                         "read of the same buffer: clean lines, the call's own time)")
     ap.add_argument("--num-splits", default="auto",
                     help="auto (planner), N (force N splits in splitkv rows), or sweep "
                          "(add the planner's report card)")

@@ -243,6 +243,30 @@ def test_eager_timing_may_run_ten_times_the_cap_on_short_calls():
     assert timing.time_eager(lambda: time.sleep(timing.TARGET_MS / 4e3), cpu, 20)[1] < 20
 
 
+def test_flush_read_reaches_the_eager_timer_and_the_report(monkeypatch, tmp_path):
+    """--flush read: every eager timing gets flush="read", rows reproduce with it, the report's
+    timing line says so; a flush the timer does not know is refused by name."""
+    from splitkv.bench import cli, runner, timing
+
+    seen = []
+
+    def spy(fn, device, reps, flush="write"):
+        seen.append(flush)
+        return 1.0, 1
+
+    monkeypatch.setattr(runner, "time_eager", spy)
+    rc = cli.main(["--quick", "--device", "cpu", "--no-progress", "--providers", "splitkv-torch", "--shapes",
+                   "b1-l1k*", "--reps", "1", "--no-host", "--flush", "read", "--json", str(tmp_path / "r.json")])
+    assert rc == 0 and seen and set(seen) == {"read"}
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert "256 MB read" in data["meta"]["timing"]
+    assert all(r["cmd"].endswith("--flush read") for r in data["rows"])
+    with pytest.raises(ValueError, match="flush"):
+        timing.time_eager(lambda: None, torch.device("cpu"), 1, flush="memset")
+    with pytest.raises(SystemExit):
+        cli.main(["--quick", "--device", "cpu", "--flush", "memset"])
+
+
 def test_graph_rows_check_the_graph_safe_output(monkeypatch):
     """The graph branch (CUDA-only timing) with the timer faked: a graph-safe plan over rotation sets,
     and the captured output is checked against the reference like the eager one."""

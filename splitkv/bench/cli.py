@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     reps = args.reps if args.reps is not None else (3 if suite_name == "quick" else 20)
     cfg = runner.Config(device=device, suite=suite_name, dtypes=dtypes, reps=max(reps, 1),
-                        graph=not args.no_graph, host=not args.no_host, num_splits=forced, seed=args.seed)
+                        graph=not args.no_graph, host=not args.no_host, num_splits=forced, seed=args.seed,
+                        flush=args.flush)
     selected = shapes.select(shapes.suite(suite_name), args.shapes)
     if not selected:
         raise SystemExit(f"--shapes: no shape of suite {suite_name!r} matches {args.shapes!r} (see --list)")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep_rows: list[dict] = []
 
     def write(note: str | None = None) -> None:
-        meta = report.collect_meta(device, argv_text.split(), sol)
+        meta = report.collect_meta(device, argv_text.split(), sol, cfg.flush)
         meta.update(suite=suite_name, reps=cfg.reps, graph=cfg.graph, host=cfg.host, num_splits=args.num_splits)
         if note:
             meta["incomplete"] = note

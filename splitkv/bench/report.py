@@ -114,7 +114,7 @@ def _run(cmd: list[str]) -> str | None:
         return None
 
 
-def collect_meta(device: torch.device, argv: list[str], sol_tbps: float | None) -> dict:
+def collect_meta(device: torch.device, argv: list[str], sol_tbps: float | None, flush: str = "write") -> dict:
     from .. import __version__
 
     meta = {
@@ -128,7 +128,10 @@ def collect_meta(device: torch.device, argv: list[str], sol_tbps: float | None) 
         "git_commit": os.environ.get("SPLITKV_TREE") or _run(["git", "-C", str(Path(__file__).resolve().parents[2]),
                                                               "rev-parse", "--short", "HEAD"]),
         "sol_tbps": sol_tbps, "command": "python -m splitkv bench " + " ".join(argv),
-        "timing": ("eager: median of L2-flushed reps (do_bench method); splitkv-<backend> rows reuse a "
+        "timing": (("eager: median of L2-flushed reps (do_bench method)" if flush == "write" else
+                    "eager: median of reps with the L2 evicted by a 256 MB read (--flush read: clean lines, so the "
+                    "call pays no write-back of a memset's dirty lines)")
+                   + "; splitkv-<backend> rows reuse a "
                    "plan made outside the timed region, splitkv-<backend>-noplan rows call decode(q, k, v, "
                    "lens) with no plan (graph rows capture that call); graph: CUDA graph of N calls over "
                    "rotating buffers > 256 MB, per call, the faster of 2 captures; host: CPU time per call "

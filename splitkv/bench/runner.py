@@ -31,6 +31,7 @@ class Config:
     host: bool = True
     num_splits: int | None = None
     seed: int = 0
+    flush: str = "write"  # timing.FLUSHES
 
 
 def row_command(cfg: Config, shape, provider, dtype: str) -> str:
@@ -42,6 +43,8 @@ def row_command(cfg: Config, shape, provider, dtype: str) -> str:
         cmd += " --no-graph"
     if not cfg.host:
         cmd += " --no-host"
+    if cfg.flush != "write":
+        cmd += f" --flush {cfg.flush}"
     if cfg.num_splits is not None and provider.kind == "splitkv":
         cmd += f" --num-splits {cfg.num_splits}"
     return cmd
@@ -93,7 +96,7 @@ def measure(case, ref, provider, cfg: Config, dtype: str, graph: bool = True) ->
     del o
     fn = session.bind(case.base)
     with session.context():
-        row["eager_us"], row["eager_reps"] = time_eager(fn, case.device, cfg.reps)
+        row["eager_us"], row["eager_reps"] = time_eager(fn, case.device, cfg.reps, cfg.flush)
         if cfg.host:
             try:
                 row["host_us"], row["host_calls"] = time_host(fn, case.device)

@@ -2,7 +2,10 @@
 
 Eager follows triton.testing.do_bench's method, with the repetition count capped explicitly: a
 256 MB memset evicts the L2 before every repetition, CUDA events bracket only the call, and the
-median is reported. The count adapts so one measurement takes about TARGET_MS (at least
+median is reported. The memset leaves the L2 full of dirty lines, whose write-back to HBM the timed
+call pays for (about L2 size / bandwidth: ~10-15 us on an H100 or H200, the same for every
+provider); flush="read" evicts with a read of the buffer instead, leaving clean lines, which
+isolates the call's own time. The count adapts so one measurement takes about TARGET_MS (at least
 MIN_REPS, at most EAGER_CAP_FACTOR x the caller's cap). On a CPU the same loop runs with perf_counter and no flush.
 
 Graph: N calls are captured in one CUDA graph (on the stream that ran the warm-up calls), cycling
@@ -53,9 +56,19 @@ def _reps(est_ms: float, cap: int) -> int:
     return max(min(n, cap), min(MIN_REPS, cap), 1)
 
 
-def time_eager(fn, device: torch.device, reps: int) -> tuple[float, int]:
-    """(median us, repetitions) of fn() with the L2 flushed before each call; at most
-    EAGER_CAP_FACTOR x reps repetitions."""
+FLUSHES = ("write", "read")  # how time_eager evicts the L2: do_bench's memset, or a read of the buffer
+
+
+def _flusher(device: torch.device, flush: str):
+    cache = _flush_buffer(device)
+    return cache.zero_ if flush == "write" else (lambda: torch.amax(cache))
+
+
+def time_eager(fn, device: torch.device, reps: int, flush: str = "write") -> tuple[float, int]:
+    """(median us, repetitions) of fn() with the L2 flushed before each call (flush: FLUSHES, see the
+    module docstring); at most EAGER_CAP_FACTOR x reps repetitions."""
+    if flush not in FLUSHES:
+        raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
     reps *= EAGER_CAP_FACTOR
     if device.type != "cuda":
         fn()
@@ -68,13 +81,13 @@ def time_eager(fn, device: torch.device, reps: int) -> tuple[float, int]:
             fn()
             times.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(times), n
-    cache = _flush_buffer(device)
+    evict = _flusher(device, flush)
     fn()
     torch.cuda.synchronize(device)
     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0.record()
     for _ in range(2):
-        cache.zero_()
+        evict()
         fn()
     t1.record()
     torch.cuda.synchronize(device)
@@ -82,7 +95,7 @@ def time_eager(fn, device: torch.device, reps: int) -> tuple[float, int]:
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for i in range(n):
-        cache.zero_()
+        evict()
         starts[i].record()
         fn()
         ends[i].record()
