@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests, demo, benchmarks; everything lands under $OUT.
-#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|demo|bench|host|tune|variants|hf|serve|fp8|all ...]
+#   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|sanitizer|demo|bench|host|tune|variants|hf|serve|fp8|all ...]
 #   BENCH_ARGS overrides the bench's suite/providers (default: $BENCH_DEFAULT below)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -12,16 +12,28 @@ has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv;
   python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)";
   python -c "import cutlass;print('cutlass-dsl ok')" 2>&1 | tail -1; date -u; } | tee "$OUT/env.txt"
-if has tests; then  # GPU_TEST_JOBS=n: n pytest processes over contiguous slices (tests/conftest.py), compiling at once;
-  # GPU_TEST_SHARDS="0 1": run only those slices (the whole suite at 4 jobs outlasts one 600 s call: split it)
-  jobs=${GPU_TEST_JOBS:-1}
+if has tests; then  # GPU_TEST_JOBS=n (default 12): n pytest processes over contiguous slices (tests/conftest.py),
+  # compiling at once (compiles are CPU-bound: on 16 cores, 14 processes ran 109 items in 36 s with warm caches, where 4
+  # outlasted a 575 s call cold); GPU_TEST_SHARDS="0 1": only those slices; each process stops at GPU_TEST_TIMEOUT s
+  # (default 480), so the summary below is written even when a slice runs out of time. The compute-sanitizer tests
+  # (minutes each) run only in "sanitizer" or when GPU_TEST_PATHS names them.
+  jobs=${GPU_TEST_JOBS:-12}
   shards=${GPU_TEST_SHARDS:-$(seq 0 $((jobs - 1)))}
+  sel=(-m gpu); [ -z "${GPU_TEST_PATHS:-}" ] && sel+=(-k "not sanitizer")
   for i in $shards; do
-    SPLITKV_TEST_SHARD=$i/$jobs python -m pytest -m gpu ${GPU_TEST_PATHS:-tests} -q -rfEs -p no:cacheprovider \
-      --durations=5 >"$OUT/gpu_tests_$i.log" 2>&1 &
+    SPLITKV_TEST_SHARD=$i/$jobs timeout "${GPU_TEST_TIMEOUT:-480}" python -m pytest "${sel[@]}" ${GPU_TEST_PATHS:-tests} \
+      -v -rfEs -p no:cacheprovider --durations=5 >"$OUT/gpu_tests_$i.log" 2>&1 &
   done
   wait
-  for i in $shards; do tail -25 "$OUT/gpu_tests_$i.log"; done | tee "$OUT/gpu_tests.log"
+  # one summary: items per test and outcome, each slice's last line, failures (the per-slice logs go into the archive)
+  { cat "$OUT"/gpu_tests_*.log | grep -oE "^tests/[^[ ]+(\[.*\])? (PASSED|FAILED|ERROR|SKIPPED)" \
+      | sed -E 's/\[.*\]//' | sort | uniq -c
+    for i in $shards; do echo "slice $i/$jobs: $(tail -1 "$OUT/gpu_tests_$i.log")"; done
+    grep -hE "^(FAILED|ERROR) " "$OUT"/gpu_tests_*.log; } | tee "$OUT/gpu_tests.log"
+fi
+if [[ " $what " == *" sanitizer "* ]]; then  # not in "all": compute-sanitizer memcheck + racecheck over every CuTe config (many minutes)
+  timeout "${GPU_TEST_TIMEOUT:-560}" python -m pytest -m gpu tests/test_cutlass.py -k sanitizer -v -rfEs -p no:cacheprovider \
+    --durations=5 2>&1 | tee "$OUT/sanitizer.log" | tail -15
 fi
 if has demo; then python -m splitkv demo ${DEMO_ARGS:-} 2>&1 | tee "$OUT/demo.log"; fi  # DEMO_ARGS=--tf-compile
 # tile sweep: each backend's planner tile vs forced (block_n x warps x stages) tiles, graph replay,
