@@ -96,13 +96,14 @@ class _Timer:
                for ts in self.sets]
         if self.graph:
             return time_graph(fns, self.cfg.device, self.cfg.reps)[0]
-        return time_eager(fns[0], self.cfg.device, self.cfg.reps)[0]
+        return time_eager(fns[0], self.cfg.device, self.cfg.reps, self.cfg.flush)[0]
 
     def cmd(self, flag: str) -> str:
         return (f"python -m splitkv bench --suite {self.cfg.suite} --shapes {self.shape.name} "
                 f"--providers splitkv-{self.backend} {flag}"
                 + (" --device cpu" if self.cfg.device.type == "cpu" else "")
-                + ("" if self.cfg.graph else " --no-graph"))
+                + ("" if self.cfg.graph else " --no-graph")
+                + ("" if self.cfg.flush == "write" else f" --flush {self.cfg.flush}"))
 
 
 def sweep_shape(shape, backend: str, cfg: Config, splits: range, dtype: str = "bf16", on_step=None) -> dict:

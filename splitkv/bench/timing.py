@@ -3,9 +3,9 @@
 Eager follows triton.testing.do_bench's method, with the repetition count capped explicitly: a
 256 MB memset evicts the L2 before every repetition, CUDA events bracket only the call, and the
 median is reported. The memset leaves the L2 full of dirty lines, whose write-back to HBM the timed
-call pays for (about L2 size / bandwidth: ~10-15 us on an H100 or H200, the same for every
-provider); flush="read" evicts with a read of the buffer instead, leaving clean lines, which
-isolates the call's own time. The count adapts so one measurement takes about TARGET_MS (at least
+call pays for (about L2 size / bandwidth; 7-14 us measured on an H100, every provider alike,
+benchmarks/results/2026-12-06-h100-flush); flush="read" evicts with a read of the buffer instead,
+leaving clean lines, which isolates the call's own time. The count adapts so one measurement takes about TARGET_MS (at least
 MIN_REPS, at most EAGER_CAP_FACTOR x the caller's cap). On a CPU the same loop runs with perf_counter and no flush.
 
 Graph: N calls are captured in one CUDA graph (on the stream that ran the warm-up calls), cycling
