@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from helpers import LSE_TOL, assert_close_to_reference, fp8_bound, make_inputs, to_paged, variant_bound
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import splitkv
@@ -236,21 +236,23 @@ def _check_case(c: Case):
     ro, rl = decode_reference(q, k, v, sl, block_table=bt, causal=c.causal, softmax_scale=c.softmax_scale,
                               **var, **scales)
     assert not torch.isnan(o).any(), "NaN in o"
+    top = ro.abs().max().item() if ro.numel() else 0.0
+    slack = 0.0
+    if c.backend == "triton" and INTERPRET and c.dtype == torch.bfloat16:
+        # the interpreter casts fp32 -> bf16 by truncation (triton/runtime/interpreter.py _convert_float,
+        # no rounding mode): one more bf16 ulp of the largest output (2^-5 at |o| in [4, 8)); e.g. a
+        # reference -1.42065 came out -1.4140625 (truncated) where rounding gives -1.421875
+        slack = torch.finfo(torch.bfloat16).eps * top
     if not var and c.softmax_scale is None and c.kv is None:  # tests/helpers.py: 2x PyTorch's own lowp error
         assert_close_to_reference(o, lse if lse is not None else rl.float(), q, k, v, sl, causal=c.causal,
-                                  block_table=bt, lowp_k=lowp_k, lowp_v=lowp_v)
+                                  block_table=bt, lowp_k=lowp_k, lowp_v=lowp_v, atol=1e-3 + slack)
     else:
         err = (o.double() - ro).abs().max().item() if o.numel() else 0.0
-        top = ro.abs().max().item() if ro.numel() else 0.0
         if c.kv is not None:  # tests/test_fp8.py's bound
             bound = fp8_bound(top)
         else:  # tests/test_variants.py's (fp32: helpers' 1e-4, not its 1e-5: scores here reach std 8, not 4)
             bound = variant_bound(c.dtype, fp32=1e-4)
-        if c.backend == "triton" and INTERPRET and c.dtype == torch.bfloat16:
-            # the interpreter casts fp32 -> bf16 by truncation (triton/runtime/interpreter.py _convert_float,
-            # no rounding mode): one more bf16 ulp of the largest output (2^-5 at |o| in [4, 8))
-            bound += torch.finfo(torch.bfloat16).eps * top
-        assert err <= bound, f"max |o - reference| {err:.3e} > {bound:.3e}"
+        assert err <= bound + slack, f"max |o - reference| {err:.3e} > {bound + slack:.3e}"
     # a row with no visible key: o = 0 exactly, lse = -inf (its sink with sinks)
     seen = _visible(c.lens, c.Sq, c.causal, c.window)
     assert torch.all(o[~seen] == 0), "a row with no visible key is not 0"
@@ -274,9 +276,19 @@ def test_torch_backend_fuzz(c):
     _check_case(c)
 
 
+# found by a 1500-example hunt: plain bf16 decode, |o| ~1.4, where the interpreter's truncating cast
+# alone passed 2x PyTorch's own error (the slack in _check_case)
+_TRUNCATED = Case(backend="triton", lens=(2,), Sq=1, Hq=1, Hkv=1, D=40, causal=False, dtype=torch.bfloat16, kv=None,
+                  per_head=False, layout="contiguous", page_size=1, pad=1, q_mul=4.0, window=(-1, -1), softcap=0.0,
+                  sinks=None, alibi=None, softmax_scale=None, poison_before_window=False, num_splits=None,
+                  batch_invariant=False, plan="none", stale_lens=(0,), return_lse=True, use_out=None, strided=False,
+                  seed=0)
+
+
 @needs_triton
 @_settings(30)
 @given(c=cases("triton"))
+@example(c=_TRUNCATED)
 def test_triton_backend_fuzz(c):
     _check_case(c)
 
