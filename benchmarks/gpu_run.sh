@@ -58,9 +58,10 @@ if has variants; then  # attention variants and head dims next to plain decode a
     --json "$OUT/variants.json" --markdown "$OUT/variants.md" 2>&1 | tee "$OUT/variants.log" | tail -60
 fi
 if [[ " $what " == *" fp8 "* ]]; then  # not in "all": fp8 KV (auto, and each GPU backend) next to bf16 and
-  # FlashInfer; FP8_SWEEP=1 adds the split-count sweep of the B=16 fp8 rows (heuristics.blocks_per_sm)
+  # FlashInfer; FP8_SWEEP=1 adds the split-count sweep of the B=16 fp8 rows (heuristics.blocks_per_sm);
+  # FP8_ARGS adds flags, e.g. FP8_ARGS="--flush read" (eager timing without the memset's write-back)
   python -m splitkv bench --suite fp8 --providers splitkv-auto,splitkv-triton,splitkv-cutlass,flashinfer --no-host \
-    --reps 10 --json "$OUT/fp8.json" --markdown "$OUT/fp8.md" 2>&1 | tee "$OUT/fp8.log" | tail -30
+    --reps 10 ${FP8_ARGS:-} --json "$OUT/fp8.json" --markdown "$OUT/fp8.md" 2>&1 | tee "$OUT/fp8.log" | tail -30
   if [ "${FP8_SWEEP:-0}" = 1 ]; then
     python -m splitkv bench --suite fp8 --providers splitkv-triton --num-splits sweep --sweep-range 1:6 --sweep-only \
       --sweep-shapes "${FP8_SWEEP_SHAPES:-b16-*-fp8e4m3}" --reps 10 --json "$OUT/fp8_splits.json" \
