@@ -10,6 +10,8 @@ import argparse
 OUTLIER_NATS = 8.0  # e^8 ~ 3000x more softmax mass per key than the neighbouring splits
 MIN_SHOWN_SPLITS = 4  # heatmap CLI: a planner's pick below this is a strip, not a map...
 SHOW_SPLITS = 8  # ...so it forces this many (bounded by one 64-key tile per split)
+# bench --flush: how eager timing evicts the L2 (splitkv.bench.timing uses them too): do_bench's memset, or a read
+FLUSHES = ("write", "read")
 
 
 def demo_parser() -> argparse.ArgumentParser:
@@ -50,7 +52,7 @@ def bench_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timing")
     ap.add_argument("--no-host", action="store_true",
                     help="skip host timing (CPU µs per call of a launch loop without synchronising)")
-    ap.add_argument("--flush", choices=("write", "read"), default="write",
+    ap.add_argument("--flush", choices=FLUSHES, default="write",
                     help="how eager timing evicts the L2 before each call: write (default, do_bench's 256 MB "
                          "memset; the call also pays the write-back of the dirty lines it leaves) or read (a "
                          "read of the same buffer: clean lines, the call's own time)")

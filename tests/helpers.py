@@ -68,6 +68,17 @@ def variant_bound(dtype: torch.dtype, fp32: float = 1e-5) -> float:
     return fp32 if dtype == torch.float32 else 2e-2
 
 
+def assert_within(o, lse, ro, rl, bound: float) -> None:
+    """o within `bound` of the reference output ro, no NaN; lse's inf pattern that of rl, its finite
+    entries within LSE_TOL."""
+    assert not torch.isnan(o).any()
+    assert (o.double() - ro).abs().max().item() <= bound
+    fin = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(lse), fin)
+    if fin.any():
+        assert (lse.double()[fin] - rl[fin]).abs().max().item() < LSE_TOL
+
+
 def assert_close_to_reference(o, lse, q, k, v, seqlens, *, causal=True, block_table=None, lowp_k=None,
                               lowp_v=None, atol=1e-3):
     """o within 2x PyTorch's own low-precision error (+atol) of the fp64 truth; lse close; no NaN."""

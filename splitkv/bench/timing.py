@@ -26,6 +26,8 @@ import time
 
 import torch
 
+from ..cli_args import FLUSHES  # how time_eager evicts the L2: do_bench's memset, or a read
+
 L2_FLUSH_BYTES = 256 * 2**20  # do_bench's cache-clearing buffer: 5x the H200's 50 MB L2
 TARGET_MS = 30.0  # time one measurement aims for; keeps the default suite within ~4 minutes
 MIN_REPS = 3
@@ -54,9 +56,6 @@ def _flush_buffer(device: torch.device) -> torch.Tensor:
 def _reps(est_ms: float, cap: int) -> int:
     n = int(TARGET_MS / max(est_ms, 1e-3))
     return max(min(n, cap), min(MIN_REPS, cap), 1)
-
-
-FLUSHES = ("write", "read")  # how time_eager evicts the L2: do_bench's memset, or a read of the buffer
 
 
 def _flusher(device: torch.device, flush: str):
