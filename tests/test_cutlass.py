@@ -496,6 +496,13 @@ for dt in (torch.float16, torch.bfloat16):
                                             return_lse=True)
                     # on the CPU (racecheck flags cuBLAS's own kernels); the contiguous cache holds the same keys
                     assert_close_to_reference(*(t.cpu() for t in (o, lse, q, k, v, sl)))
+    for G, Sq in ((4, 1), (8, 4), (16, 4)):  # the several-wave tile (D 128 contiguous): a plan for 4 SMs
+        lens = [0, 1, 17, 113, 600]
+        q, k, v, sl = make_inputs(5, Sq, 2 * G, 2, 128, lens, dt, 'cuda', seed=G)
+        p = splitkv.plan(sl, 2 * G, 2, 128, q_len=Sq, backend='cutlass', num_sms=4, max_seqlen=600)
+        assert (p.tile.block_n, p.tile.num_stages) == (128, 3), p.tile
+        o, lse = splitkv.decode(q, k, v, sl, plan=p, backend='cutlass', return_lse=True)
+        assert_close_to_reference(*(t.cpu() for t in (o, lse, q, k, v, sl)))
 for f8 in (torch.float8_e4m3fn, torch.float8_e5m2):  # fp8 caches (their kernels: C.FP8_HEAD_DIMS)
     for dt in (torch.float16, torch.bfloat16):
         for D in C.FP8_HEAD_DIMS:
@@ -522,7 +529,7 @@ for pdt in (torch.float32, torch.float16, torch.bfloat16):  # merge_states feeds
             assert torch.all(out[1] == 0) and torch.isfinite(out[0]).all()
 names = {key[0] for key in L._PACKERS}
 want = {c.name for c in C.split_variants()} | {c.name for c in C.merge_variants()}
-print('ok', names >= want, len(names & want), 'of', len(want), 'variants')
+print('ok', names >= want, len(names & want), 'of', len(want), 'variants; missing:', sorted(want - names))
 """
 
 
