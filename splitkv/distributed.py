@@ -40,6 +40,7 @@ from .cache import PagedKVCache
 from .cli_args import _positive_float
 from .extend import attend_new_keys
 from .merge import merge_states_n
+from .pngs import save_png
 from .rope import RopeConfig, apply_rope
 
 POLICIES = ("contiguous", "round_robin")
@@ -239,10 +240,7 @@ def plot_cost_model(path: str, *, worlds: Sequence[int] = (2, 4, 8, 16, 32, 64),
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    import os
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
     plt.close(fig)
 
 

@@ -36,6 +36,7 @@ from .api import decode
 from .cli_args import MIN_SHOWN_SPLITS, OUTLIER_NATS, SHOW_SPLITS, heatmap_parser  # the CLI shares these defaults
 from .plan import DecodePlan
 from .plan import plan as make_plan
+from .pngs import save_png
 
 MAX_PANELS = 8
 
@@ -170,10 +171,7 @@ def draw(rep: LseReport, path, requests=None, title: str = "") -> Path:
         head += f"\nANOMALIES: {len(rep.anomalies)} (x = NaN/inf, square = outlier)"
     fig.suptitle(head, color="red" if rep.anomalies else "black", fontsize=10)
     FigureCanvasAgg(fig)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_png(fig, path, colors=256)  # the colour map's gradient
 
 
 def _cmap():

@@ -100,3 +100,13 @@ def assert_close_to_reference(o, lse, q, k, v, seqlens, *, causal=True, block_ta
     if fin.any():
         assert (lse.double()[fin] - rl[fin]).abs().max().item() < LSE_TOL
     assert torch.all(o.double()[~fin.transpose(1, 2)] == 0), "rows with no visible key must be 0"
+
+
+def assert_drawn_png(path, min_colors: int = 8) -> None:
+    """path is a PNG of a drawn figure (several colours over a real canvas), not an empty one."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.width >= 300 and im.height >= 200, (path, im.size)
+        colors = im.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colors is None or len(colors) >= min_colors, (path, len(colors))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_drawn_png
 
 import splitkv.bench as bench
 from splitkv.bench import check, cli, inputs, registry, report, runner, shapes
@@ -16,7 +17,6 @@ from splitkv.bench.providers import Provider, Session, SplitKV
 from splitkv.bench.timing import time_host
 from splitkv.reference import decode_reference, gather_keys
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -105,8 +105,7 @@ def test_plots_are_nontrivial_pngs(quick_run):
     assert "speedup_eager.png" in names and "sweep.png" in names
     assert any(n.startswith("bandwidth_") for n in names)
     for p in pngs:
-        data = p.read_bytes()
-        assert data[:8] == PNG_MAGIC and len(data) > 10_000, p
+        assert_drawn_png(p)
 
 
 def test_byte_model_counts_valid_kv_plus_q_and_o():

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from helpers import assert_drawn_png
 
 import splitkv
 from splitkv import viz
@@ -30,8 +31,7 @@ def test_planted_nan_split_is_flagged_in_figure_and_stdout(tmp_path, capsys):
     assert flagged == {(1, 1, h, "nan") for h in range(4)}  # every head of that split, nothing else
     printed = capsys.readouterr().out
     assert "4 anomalies" in printed and "request 1 split 1 head 0 query 0: nan" in printed
-    data = out.read_bytes()
-    assert data[:8] == PNG_MAGIC and len(data) > 10_000
+    assert_drawn_png(out)
 
 
 def test_clean_decode_has_no_anomalies_and_lse_matches_splits():
@@ -83,7 +83,7 @@ def test_heatmap_cli_with_saved_inputs(tmp_path, capsys):
     png = tmp_path / "h.png"
     base = ["--out", str(png), "--inputs", str(path), "--device", "cpu", "--num-splits", "3"]
     assert viz.heatmap_main(base) == 0
-    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
+    assert_drawn_png(png)
     rc = viz.heatmap_main(base + ["--plant-nan", "0:2", "--strict"])
     assert rc == 1 and "planted NaN" in capsys.readouterr().out
     with pytest.raises(SystemExit):

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from splitkv.integrations.engine import Engine
+from splitkv.pngs import save_png
 
 
 def make_trace(a, vocab: int, pattern: str) -> list[dict]:
@@ -206,7 +207,7 @@ def plot(path: Path, rows: list[dict]) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path / "hf_serve.png", dpi=110)
+    save_png(fig, path / "hf_serve.png")
     plt.close(fig)
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..pngs import save_png
 from .report import headline_mode
 
 
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=110)
-    return path
+    return save_png(fig, path)
 
 
 def _grid_rows(rows):
