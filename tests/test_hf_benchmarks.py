@@ -42,6 +42,18 @@ def test_hf_serve_smoke(tmp_path):
     assert "| splitkv | burst |" in md
 
 
+def test_hf_serve_passes_a_continuous_batching_config_to_transformers(tmp_path):
+    doc, md = _run("hf-serve", tmp_path, "--engines", "transformers", "--patterns", "burst",
+                   "--tf-cb", "max_batch_tokens=128,use_cuda_graph=false")
+    assert doc["config"]["tf_cb"] == {"max_batch_tokens": 128, "use_cuda_graph": False}
+    (row,) = doc["rows"]
+    assert row["complete"] and row["output_tokens"] > 0
+    bad = subprocess.run([sys.executable, "-m", "splitkv", "bench", "hf-serve", "--out", str(tmp_path / "x.json"),
+                          "--device", "cpu", "--tiny", "--tf-cb", "max_batch_tokenz=128"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "max_batch_tokenz is not a field" in bad.stderr
+
+
 def _tiny_model():
     import argparse
 

@@ -115,7 +115,9 @@ class TransformersServer:
 
         gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=self.a.output_range[1], eos_token_id=None,
                                            pad_token_id=0)
-        self.manager = self.model.init_continuous_batching(generation_config=gc)
+        cb = getattr(self.a, "tf_cb", None)  # --tf-cb; none: transformers' defaults
+        kw = {"continuous_batching_config": transformers.ContinuousBatchingConfig(**cb)} if cb else {}
+        self.manager = self.model.init_continuous_batching(generation_config=gc, **kw)
         self.manager.start()
 
     def close(self, hard=False):
@@ -211,6 +213,26 @@ def plot(path: Path, rows: list[dict]) -> None:
     plt.close(fig)
 
 
+def _fields(text: str) -> dict:
+    """"a=1,b=true,c=x" -> {"a": 1, "b": True, "c": "x"} (ints, floats, true/false/none, else strings)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {item!r}")
+        low = raw.strip().lower()
+        value = {"true": True, "false": False, "none": None}.get(low, raw.strip())
+        if isinstance(value, str):
+            for cast in (int, float):
+                try:
+                    value = cast(value)
+                    break
+                except ValueError:
+                    pass
+        out[key.strip()] = value
+    return out
+
+
 def main(argv=None):
     from .hf_step import TINY, add_model_args, build_model, run_meta  # the same random Llama
 
@@ -233,8 +255,19 @@ def main(argv=None):
     ap.add_argument("--time-limit", type=float, default=None,
                     help="cut each run this many seconds after its first arrival (module docstring)")
     add_model_args(ap, ("bfloat16", "float16", "float32"))
+    ap.add_argument("--tf-cb", type=_fields, default={}, metavar="FIELD=VALUE,...",
+                    help="transformers' ContinuousBatchingConfig (default: its defaults), e.g. "
+                         "use_cuda_graph=true,max_batch_tokens=8192")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke settings (2 layers, fp32, 6 short requests)")
     a = ap.parse_args(argv)
+    if a.tf_cb:
+        import dataclasses
+
+        import transformers
+
+        known = {f.name for f in dataclasses.fields(transformers.ContinuousBatchingConfig)}
+        if unknown := sorted(set(a.tf_cb) - known):
+            ap.error(f"--tf-cb: {', '.join(unknown)} is not a field of transformers.ContinuousBatchingConfig")
     if a.tiny:
         vars(a).update(TINY)
         a.requests, a.prompt_range, a.output_range, a.rate, a.num_pages, a.page_size = 6, "16:64", "4:12", 20.0, 64, 16
@@ -260,7 +293,7 @@ def main(argv=None):
     meta = run_meta(device, "hf-serve", argv)
     config = {k: getattr(a, k) for k in ("requests", "prompt_range", "output_range", "rate", "num_pages", "page_size",
                                          "prefill_chunk", "cuda_graph", "time_limit", "layers", "hidden", "vocab",
-                                         "dtype")}
+                                         "dtype", "tf_cb")}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"schema": "splitkv.hf_serve/1", "meta": meta, "config": config, "rows": rows}, indent=1))
