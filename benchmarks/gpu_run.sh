@@ -31,9 +31,19 @@ if has tests; then  # GPU_TEST_JOBS=n (default 12): n pytest processes over cont
     for i in $shards; do echo "slice $i/$jobs: $(tail -1 "$OUT/gpu_tests_$i.log")"; done
     grep -hE "^(FAILED|ERROR) " "$OUT"/gpu_tests_*.log; } | tee "$OUT/gpu_tests.log"
 fi
-if [[ " $what " == *" sanitizer "* ]]; then  # not in "all": compute-sanitizer memcheck + racecheck over every CuTe config (many minutes)
-  timeout "${GPU_TEST_TIMEOUT:-560}" python -m pytest -m gpu tests/test_cutlass.py -k sanitizer -v -rfEs -p no:cacheprovider \
-    --durations=5 2>&1 | tee "$OUT/sanitizer.log" | tail -15
+if [[ " $what " == *" sanitizer "* ]]; then  # not in "all": compute-sanitizer over every CuTe config (tests/test_sanitizer.py):
+  # every kernel into the disk cache first (parallel compiles), then one process per (tool, part) side by side;
+  # SANITIZER_TOOLS="memcheck" / SANITIZER_PARTS="fp16 work_list" pick some (parts: fp16 bf16 fp8 merge work_list)
+  python -c "import sys; sys.path[:0] = ['tests']; import test_sanitizer as t; print('compiled', t.fill_disk_cache(t.configs()))" \
+    2>&1 | tail -2 | tee "$OUT/sanitizer_compile.log"
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+    for part in ${SANITIZER_PARTS:-fp16 bf16 fp8 merge work_list}; do
+      timeout "${GPU_TEST_TIMEOUT:-560}" python -m pytest -m gpu tests/test_sanitizer.py -k "$tool and $part" -v -rfEs \
+        -p no:cacheprovider --durations=3 >"$OUT/sanitizer_${tool}_$part.log" 2>&1 &
+    done
+  done
+  wait
+  grep -hE "^tests/.*(PASSED|FAILED|ERROR|SKIPPED)|^ok |passed|failed" "$OUT"/sanitizer_*_*.log | tee "$OUT/sanitizer.log"
 fi
 if has demo; then python -m splitkv demo ${DEMO_ARGS:-} 2>&1 | tee "$OUT/demo.log"; fi  # DEMO_ARGS=--tf-compile
 # tile sweep: each backend's planner tile vs forced (block_n x warps x stages) tiles, graph replay,
