@@ -38,7 +38,7 @@ if [[ " $what " == *" sanitizer "* ]]; then  # not in "all": compute-sanitizer o
     2>&1 | tail -2 | tee "$OUT/sanitizer_compile.log"
   for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
     for part in ${SANITIZER_PARTS:-fp16 bf16 fp8 merge work_list}; do
-      timeout "${GPU_TEST_TIMEOUT:-560}" python -m pytest -m gpu tests/test_sanitizer.py -k "$tool and $part" -v -rfEs \
+      timeout "${GPU_TEST_TIMEOUT:-560}" python -m pytest -m gpu tests/test_sanitizer.py -k "$tool and $part" -v -rfEsP \
         -p no:cacheprovider --durations=3 >"$OUT/sanitizer_${tool}_$part.log" 2>&1 &
     done
   done
