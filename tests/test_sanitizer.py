@@ -47,7 +47,9 @@ def fill_disk_cache(cfgs: list, jobs: int | None = None) -> int:
     from splitkv.backends.cutlass import cache
 
     root = cache.cache_dir()
-    todo = [c for c in cfgs if root is None or not (root / (cache.cache_key(c.name, ARCH) + ".mlirbc")).exists()]
+    if root is None:  # SPLITKV_CACHE_DIR=off: nothing a later process could load
+        return 0
+    todo = [c for c in cfgs if not (root / (cache.cache_key(c.name, ARCH) + ".mlirbc")).exists()]
     jobs = max(1, min(len(todo), jobs or (os.cpu_count() or 2) - 2))
     if len(todo) == 1 or jobs == 1:
         for c in todo:
@@ -208,3 +210,5 @@ def test_fill_disk_cache_compiles_only_what_is_missing(tmp_path, monkeypatch):
     assert fill_disk_cache(cfgs, jobs=2) == 2
     assert all((tmp_path / (cache.cache_key(c.name, ARCH) + ".mlirbc")).exists() for c in cfgs)
     assert fill_disk_cache(cfgs, jobs=2) == 0
+    monkeypatch.setenv("SPLITKV_CACHE_DIR", "off")
+    assert fill_disk_cache(configs("merge"), jobs=2) == 0
