@@ -1,12 +1,18 @@
-"""Shared test data builders and the tolerance rule (ours <= 2x PyTorch's own low-precision error)."""
+"""Shared test data builders, the tolerance rule (ours <= 2x PyTorch's own low-precision error) and the
+CuTe DSL skip marker."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from splitkv.backends import cutlass
 from splitkv.reference import decode_lowp, decode_reference
+
+needs_dsl = pytest.mark.skipif(not cutlass.available(), reason="nvidia-cutlass-dsl not installed "
+                                                             "(pip install 'splitkv[cutlass]')")
 
 
 def make_inputs(B, Sq, Hq, Hkv, D, lens, dtype, device="cpu", *, pad=3, nan_tail=True, seed=0,

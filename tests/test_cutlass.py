@@ -16,16 +16,13 @@ import sys
 
 import pytest
 import torch
-from helpers import make_inputs, to_paged
+from helpers import make_inputs, needs_dsl, to_paged
 
 import splitkv
 from splitkv import heuristics as H
 from splitkv.backends import cutlass as backend
 from splitkv.backends.cutlass import cache, config
 from splitkv.reference import decode_lowp, decode_reference
-
-needs_dsl = pytest.mark.skipif(not backend.available(), reason="nvidia-cutlass-dsl not installed "
-                                                              "(pip install 'splitkv[cutlass]')")
 
 
 # ---------------------------------------------------------------------------- pure Python (always)

@@ -67,7 +67,7 @@ def _trace_args(requests, new):
     import argparse
 
     return argparse.Namespace(seed=0, prompt_range=(16, 32), output_range=(new, new), requests=requests, rate=1.0,
-                              num_pages=256, page_size=16, prefill_chunk=64, cuda_graph=False)
+                              num_pages=256, page_size=16, prefill_chunk=64, cuda_graph=False, tf_cb={})
 
 
 def test_hf_serve_cut_cancels_splitkv_requests_at_the_limit(monkeypatch):

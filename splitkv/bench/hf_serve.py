@@ -115,7 +115,7 @@ class TransformersServer:
 
         gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=self.a.output_range[1], eos_token_id=None,
                                            pad_token_id=0)
-        cb = getattr(self.a, "tf_cb", None)  # --tf-cb; none: transformers' defaults
+        cb = self.a.tf_cb  # --tf-cb; empty: transformers' defaults
         kw = {"continuous_batching_config": transformers.ContinuousBatchingConfig(**cb)} if cb else {}
         self.manager = self.model.init_continuous_batching(generation_config=gc, **kw)
         self.manager.start()
