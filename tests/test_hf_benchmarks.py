@@ -115,8 +115,8 @@ class _FakeManager:
     over the unfinished requests, timestamped on the (fake) clock; streaming results carry the
     timestamps so far."""
 
-    def __init__(self, clock):
-        self.clock, self.reqs, self.cancelled = clock, {}, []
+    def __init__(self, clock, fail_after=None):
+        self.clock, self.reqs, self.cancelled, self.fail_after, self.results = clock, {}, [], fail_after, 0
 
     def add_request(self, prompt, request_id=None, max_new_tokens=1, streaming=False, record_timestamps=False):
         assert streaming and record_timestamps
@@ -130,9 +130,15 @@ class _FakeManager:
         if not live:
             return None
         rid, (n, ts) = live[0]
+        self.results += 1
+        if self.fail_after is not None and self.results > self.fail_after:  # its loop died: every request fails
+            r = self.reqs[rid]
+            r[0] = len(ts)
+            return types.SimpleNamespace(request_id=rid, timestamps=list(ts), generated_tokens=[0] * len(ts),
+                                         is_finished=lambda: True, error="CUDA out of memory")
         ts.append(self.clock())
         return types.SimpleNamespace(request_id=rid, timestamps=list(ts), generated_tokens=[0] * len(ts),
-                                     is_finished=lambda: len(ts) == n)
+                                     is_finished=lambda: len(ts) == n, error=None)
 
     def cancel_request(self, rid):
         self.cancelled.append(rid)
@@ -147,6 +153,20 @@ def test_hf_serve_cut_counts_the_tokens_of_unfinished_transformers_requests(monk
     monkeypatch.setattr(hf_serve.time, "perf_counter", lambda: float(next(clock)))
     man = _FakeManager(hf_serve.time.perf_counter)
     trace = hf_serve.make_trace(_trace_args(3, 50), 256, "burst")
-    times, cut = hf_serve._run_transformers(man, trace, limit=40.0)
-    assert cut and 0 < len(times[0]) < 50 and all(t <= 40.0 for ts in times for t in ts)
+    times, cut, failed = hf_serve._run_transformers(man, trace, limit=40.0)
+    assert cut and not failed and 0 < len(times[0]) < 50 and all(t <= 40.0 for ts in times for t in ts)
     assert len(man.cancelled) == 3  # none had finished
+
+
+def test_hf_serve_reports_failed_transformers_requests(monkeypatch):
+    """A failure in transformers' generation loop (CUDA out of memory) returns every request
+    finished with an error: the run reports them failed, by trace index, instead of a throughput."""
+    from splitkv.bench import hf_serve
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(hf_serve.time, "perf_counter", lambda: float(next(clock)))
+    man = _FakeManager(hf_serve.time.perf_counter, fail_after=5)
+    trace = hf_serve.make_trace(_trace_args(3, 50), 256, "burst")
+    times, cut, failed = hf_serve._run_transformers(man, trace, limit=400.0)
+    assert not cut and sorted(failed) == [0, 1, 2] and set(failed.values()) == {"CUDA out of memory"}
+    assert sum(map(len, times)) == 5

@@ -69,6 +69,8 @@ def _window(times, limit):
 class SplitkvServer:
     """splitkv's Engine, made once (its CUDA graphs are kept across traces)."""
 
+    failed: dict[int, str] = {}  # the Engine reports no per-request failures (an error raises)
+
     def __init__(self, model, a):
         self.eng = Engine(model, num_pages=a.num_pages, page_size=a.page_size, prefill_chunk=a.prefill_chunk,
                           cuda_graph=a.cuda_graph)
@@ -108,6 +110,7 @@ class TransformersServer:
 
     def __init__(self, model, a):
         self.model, self.a = model, a
+        self.failed: dict[int, str] = {}  # the last run's failed requests (trace index -> transformers' error)
         self._start()
 
     def _start(self):
@@ -125,27 +128,31 @@ class TransformersServer:
         self.manager.stop(block=True, **kw)
 
     def run(self, trace, limit=None) -> list[list[float]]:
-        times, cut = _run_transformers(self.manager, trace, limit)
-        if cut:  # a fresh manager for the next trace: the cut one may still hold cancelled requests
+        times, cut, self.failed = _run_transformers(self.manager, trace, limit)
+        if cut or self.failed:  # a fresh manager for the next trace: the cut one may still hold cancelled
+            # requests, and a failure (e.g. CUDA out of memory in its generation loop) fails every request
             self.close(hard=True)
             self._start()
         return times
 
 
-def _run_transformers(manager, trace, limit=None) -> tuple[list[list[float]], bool]:
+def _run_transformers(manager, trace, limit=None) -> tuple[list[list[float]], bool, dict[int, str]]:
+    """Token timestamps per request, whether the run was cut at `limit`, and the requests that
+    transformers returned failed (their `error`; a failure in its generation loop fails them all)."""
     stamps = "record_timestamps" in inspect.signature(manager.add_request).parameters
     tag = f"{time.monotonic_ns():x}"  # request ids unique across the traces one manager serves
     times: list[list[float]] = [[] for _ in trace]
     index, sent, done = {}, 0, 0
     t0 = time.perf_counter()
     finished: set[int] = set()
+    failed: dict[int, str] = {}
     while done < len(trace):
         now = time.perf_counter() - t0
         if limit is not None and now >= limit:
             for rid, i in index.items():
                 if i not in finished and hasattr(manager, "cancel_request"):
                     manager.cancel_request(rid)
-            return _window(times, limit), True
+            return _window(times, limit), True, failed
         for i in _due(trace, sent, now):
             r = trace[i]
             kw = {"record_timestamps": True} if stamps else {}
@@ -165,7 +172,9 @@ def _run_transformers(manager, trace, limit=None) -> tuple[list[list[float]], bo
         if res.is_finished():
             finished.add(i)
             done += 1
-    return times, False
+            if getattr(res, "error", None):
+                failed[i] = str(res.error)
+    return times, False, failed
 
 
 def metrics(trace, times, limit=None) -> dict:
@@ -287,6 +296,8 @@ def main(argv=None):
             trace = make_trace(a, a.vocab, pattern)
             rows.append({"engine": engine, "pattern": pattern,
                          **metrics(trace, server.run(trace, a.time_limit), a.time_limit)})
+            if server.failed:  # its throughput is not a result: the row says what failed
+                rows[-1].update(failed_requests=len(server.failed), error=next(iter(server.failed.values())))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens_per_s_per_second"}), flush=True)
         server.close()
         del server
@@ -304,9 +315,11 @@ def main(argv=None):
              "finished | complete |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['engine']} | {r['pattern']} | {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.2f} / "
+        tps = f"failed: {r['failed_requests']} requests" if r.get("failed_requests") else f"{r['tokens_per_s']:.1f}"
+        lines.append(f"| {r['engine']} | {r['pattern']} | {tps} | {r['ttft_p50_s']:.2f} / "
                      f"{r['ttft_p99_s']:.2f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
                      f"{r['started_requests']} / {r['finished_requests']} | {r['complete']} |")
+    lines += [f"\n{r['engine']} {r['pattern']} failed: {r['error'][:300]}" for r in rows if r.get("failed_requests")]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     if a.plot:
         Path(a.plot).mkdir(parents=True, exist_ok=True)
