@@ -28,6 +28,7 @@ Writes JSON (--out) and markdown (same path, .md).
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import json
 import random
@@ -111,6 +112,7 @@ class TransformersServer:
     def __init__(self, model, a):
         self.model, self.a = model, a
         self.failed: dict[int, str] = {}  # the last run's failed requests (trace index -> transformers' error)
+        self._stale = False  # restart the manager before the next run (set by a cut or a failure)
         self._start()
 
     def _start(self):
@@ -124,15 +126,22 @@ class TransformersServer:
         self.manager.start()
 
     def close(self, hard=False):
+        hard = hard or self._stale  # a cut or failed manager: nothing of its work is waited for
         kw = {"hard_stop": True} if hard and "hard_stop" in inspect.signature(self.manager.stop).parameters else {}
         self.manager.stop(block=True, **kw)
 
     def run(self, trace, limit=None) -> list[list[float]]:
-        times, cut, self.failed = _run_transformers(self.manager, trace, limit)
-        if cut or self.failed:  # a fresh manager for the next trace: the cut one may still hold cancelled
-            # requests, and a failure (e.g. CUDA out of memory in its generation loop) fails every request
+        if self._stale:  # a fresh manager: the cut one may still hold cancelled requests, and after a failure
+            # (e.g. CUDA out of memory in its generation loop) it fails every request. The old one's memory
+            # (its KV cache, its CUDA graphs' pools) goes first, or the new one finds none to size its cache.
             self.close(hard=True)
+            self.manager = None
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             self._start()
+        times, cut, self.failed = _run_transformers(self.manager, trace, limit)
+        self._stale = cut or bool(self.failed)
         return times
 
 
