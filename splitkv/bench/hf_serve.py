@@ -70,9 +70,8 @@ def _window(times, limit):
 class SplitkvServer:
     """splitkv's Engine, made once (its CUDA graphs are kept across traces)."""
 
-    failed: dict[int, str] = {}  # the Engine reports no per-request failures (an error raises)
-
     def __init__(self, model, a):
+        self.failed: dict[int, str] = {}  # the Engine reports no per-request failures (an error raises)
         self.eng = Engine(model, num_pages=a.num_pages, page_size=a.page_size, prefill_chunk=a.prefill_chunk,
                           cuda_graph=a.cuda_graph)
 
@@ -251,6 +250,21 @@ def _fields(text: str) -> dict:
     return out
 
 
+def table(rows: list[dict]) -> list[str]:
+    """The markdown table of the rows; a row with failed requests shows that, and its error, instead
+    of a throughput."""
+    lines = ["| engine | arrivals | output tokens/s | TTFT p50 / p99 s | TPOT p50 / p99 ms | requests started / "
+             "finished | complete |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        tps = f"failed: {r['failed_requests']} requests" if r.get("failed_requests") else f"{r['tokens_per_s']:.1f}"
+        lines.append(f"| {r['engine']} | {r['pattern']} | {tps} | {r['ttft_p50_s']:.2f} / "
+                     f"{r['ttft_p99_s']:.2f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
+                     f"{r['started_requests']} / {r['finished_requests']} | {r['complete']} |")
+    return lines + [f"\n{r['engine']} {r['pattern']} failed: {r['error'][:300]}" for r in rows
+                    if r.get("failed_requests")]
+
+
 def main(argv=None):
     from .hf_step import TINY, add_model_args, build_model, run_meta  # the same random Llama
 
@@ -319,16 +333,8 @@ def main(argv=None):
     out.write_text(json.dumps({"schema": "splitkv.hf_serve/1", "meta": meta, "config": config, "rows": rows}, indent=1))
     lines = [f"# Continuous batching: splitkv Engine vs transformers ({meta['device']})", "",
              f"`{meta['command']}` — {meta['date']}, torch {meta['torch']}, transformers {meta['transformers']}", "",
-             "Config: " + ", ".join(f"{k} {v}" for k, v in config.items()) + ".", "",
-             "| engine | arrivals | output tokens/s | TTFT p50 / p99 s | TPOT p50 / p99 ms | requests started / "
-             "finished | complete |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        tps = f"failed: {r['failed_requests']} requests" if r.get("failed_requests") else f"{r['tokens_per_s']:.1f}"
-        lines.append(f"| {r['engine']} | {r['pattern']} | {tps} | {r['ttft_p50_s']:.2f} / "
-                     f"{r['ttft_p99_s']:.2f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
-                     f"{r['started_requests']} / {r['finished_requests']} | {r['complete']} |")
-    lines += [f"\n{r['engine']} {r['pattern']} failed: {r['error'][:300]}" for r in rows if r.get("failed_requests")]
+             "Config: " + ", ".join(f"{k} {v}" for k, v in config.items()) + ".", ""]
+    lines += table(rows)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     if a.plot:
         Path(a.plot).mkdir(parents=True, exist_ok=True)
