@@ -170,9 +170,10 @@ def test_hf_serve_reports_failed_transformers_requests(monkeypatch):
     times, cut, failed = hf_serve._run_transformers(man, trace, limit=400.0)
     assert not cut and sorted(failed) == [0, 1, 2] and set(failed.values()) == {"CUDA out of memory"}
     assert sum(map(len, times)) == 5
-    row = {"engine": "transformers", "pattern": "burst", **hf_serve.metrics(trace, times, limit=400.0),
-           "failed_requests": len(failed), "error": failed[0]}
-    ok = {**row, "engine": "splitkv", "failed_requests": 0}
+    row = hf_serve.result_row("transformers", "burst", trace, times, 400.0, failed)
+    assert row["failed_requests"] == 3 and row["error"] == "CUDA out of memory"
+    ok = hf_serve.result_row("splitkv", "burst", trace, times, 400.0, {})
+    assert "failed_requests" not in ok and "error" not in ok
     text = "\n".join(hf_serve.table([row, ok]))
     assert "| transformers | burst | failed: 3 requests |" in text and "burst failed: CUDA out of memory" in text
     assert f"| splitkv | burst | {row['tokens_per_s']:.1f} |" in text and "splitkv burst failed" not in text

@@ -117,11 +117,11 @@ class TransformersServer:
     def _start(self):
         import transformers
 
-        gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=self.a.output_range[1], eos_token_id=None,
-                                           pad_token_id=0)
+        gen = transformers.GenerationConfig(do_sample=False, max_new_tokens=self.a.output_range[1], eos_token_id=None,
+                                            pad_token_id=0)
         cb = self.a.tf_cb  # --tf-cb; empty: transformers' defaults
         kw = {"continuous_batching_config": transformers.ContinuousBatchingConfig(**cb)} if cb else {}
-        self.manager = self.model.init_continuous_batching(generation_config=gc, **kw)
+        self.manager = self.model.init_continuous_batching(generation_config=gen, **kw)
         self.manager.start()
 
     def close(self, hard=False):
@@ -250,6 +250,15 @@ def _fields(text: str) -> dict:
     return out
 
 
+def result_row(engine: str, pattern: str, trace, times, limit, failed: dict[int, str]) -> dict:
+    """One run's row: its metrics, and where requests failed, how many and the first error (its
+    throughput is then not a result)."""
+    row = {"engine": engine, "pattern": pattern, **metrics(trace, times, limit)}
+    if failed:
+        row.update(failed_requests=len(failed), error=next(iter(failed.values())))
+    return row
+
+
 def table(rows: list[dict]) -> list[str]:
     """The markdown table of the rows; a row with failed requests shows that, and its error, instead
     of a throughput."""
@@ -317,10 +326,8 @@ def main(argv=None):
         server.run(make_trace(warm, a.vocab, "burst"))
         for pattern in a.patterns.split(","):
             trace = make_trace(a, a.vocab, pattern)
-            rows.append({"engine": engine, "pattern": pattern,
-                         **metrics(trace, server.run(trace, a.time_limit), a.time_limit)})
-            if server.failed:  # its throughput is not a result: the row says what failed
-                rows[-1].update(failed_requests=len(server.failed), error=next(iter(server.failed.values())))
+            times = server.run(trace, a.time_limit)
+            rows.append(result_row(engine, pattern, trace, times, a.time_limit, server.failed))
             print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens_per_s_per_second"}), flush=True)
         server.close()
         del server
