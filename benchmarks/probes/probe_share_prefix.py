@@ -7,7 +7,7 @@ engine, steps until every sample has emitted WARM tokens (prefill, graph capture
 TIMED steps (each emits n tokens; step() returns tokens to the host, so host time is included).
 Prediction (bytes per step at the card's bandwidth): the plain step reads ~15 GB of weights plus
 n x ctx x 128 KB of K/V, the shared step the weights plus ctx x 128 KB once, so at n=16 the
-shared step is ~1.9x faster at 8K and ~4x at 32K.
+shared step is ~2x faster at 8K and ~4x at 32K.
 Run from the repository root: PYTHONPATH=. python benchmarks/probes/probe_share_prefix.py
 """
 import os
