@@ -9,26 +9,28 @@ Prediction (bytes per step at the card's bandwidth): the plain step reads ~15 GB
 n x ctx x 128 KB of K/V, the shared step the weights plus ctx x 128 KB once, so at n=16 the
 shared step is ~2x faster at 8K and ~4x at 32K.
 Run from the repository root: PYTHONPATH=. python benchmarks/probes/probe_share_prefix.py
+(--tiny: a CPU smoke run, hf_step's tiny model in float32 and one 300-token prompt, n=4)
 """
-import os
+import argparse
 import time
 
 import torch
-import transformers
 
+from splitkv.bench import hf_step
 from splitkv.integrations.engine import Engine
 
 WARM, TIMED = 6, 24
-TINY = os.environ.get("PROBE_TINY") == "1"  # a CPU smoke run of the script: tiny model, short prompts
-DEV = "cpu" if TINY else "cuda"
-dims = (dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, vocab_size=1000) if TINY else
-        dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, vocab_size=128256))
-cfg = transformers.LlamaConfig(num_attention_heads=32 if not TINY else 4, num_key_value_heads=8 if not TINY else 2,
-                               head_dim=128 if not TINY else 64, max_position_embeddings=40000, **dims)
-torch.manual_seed(0)
-with torch.device(DEV):
-    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16 if not TINY else torch.float32).eval()
-print(torch.cuda.get_device_name() if not TINY else "cpu", flush=True)
+ap = argparse.ArgumentParser()
+hf_step.add_model_args(ap, dtypes=("bfloat16", "float16", "float32"))
+ap.add_argument("--tiny", action="store_true")
+a = ap.parse_args()
+CASES = ((300, 4),) if a.tiny else ((8192, 16), (32768, 16))  # (prompt tokens, samples)
+if a.tiny:
+    vars(a).update(hf_step.TINY, dtype="float32")
+device = torch.device("cpu" if a.tiny else "cuda")
+a.contexts, a.steps, a.warmup = [c for c, _ in CASES], TIMED, WARM + 4  # build_model's position range
+model = hf_step.build_model(a, device)
+print(torch.cuda.get_device_name() if device.type == "cuda" else "cpu", flush=True)
 
 
 @torch.no_grad()
@@ -39,26 +41,24 @@ def tokens_per_s(prompt, n, share):
     while min(len(v) for v in got.values()) < WARM:
         for rid, tok, _ in eng.step():
             got[rid].append(tok)
-    if not TINY:
-        torch.cuda.synchronize()
+    hf_step._sync(device)
     t0, emitted = time.perf_counter(), 0
     for _ in range(TIMED):
         out = eng.step()
         emitted += len(out)
         for rid, tok, _ in out:
             got[rid].append(tok)
-    if not TINY:
-        torch.cuda.synchronize()
+    hf_step._sync(device)
     dt = time.perf_counter() - t0
     eng.run()
     del eng
-    if not TINY:
+    if device.type == "cuda":
         torch.cuda.empty_cache()
     return emitted / dt, dt / TIMED * 1e3, got
 
 
-for ctx, n in ((8192, 16), (32768, 16)) if not TINY else ((300, 4),):
-    prompt = torch.randint(3, cfg.vocab_size, (ctx,), generator=torch.Generator().manual_seed(ctx))
+for ctx, n in CASES:
+    prompt = torch.randint(3, a.vocab, (ctx,), generator=torch.Generator().manual_seed(ctx))
     plain, plain_ms, a = tokens_per_s(prompt, n, False)
     shared, shared_ms, b = tokens_per_s(prompt, n, True)
     same = sum(x == y for ra, rb in zip(a, b) for x, y in zip(a[ra], b[rb]))
