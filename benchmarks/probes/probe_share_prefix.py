@@ -2,14 +2,15 @@
 one prompt (README: "Its speed has not been measured, so it is off by default").
 
 Model: random Llama-3-8B shape (32 layers, hidden 4096, Hq 32 / Hkv 8, D 128, bf16). Each case
-adds one request of `n` samples (temperature 0.8, seeded) on a `ctx`-token prompt to a fresh
+adds one request of `n` samples (seeded) on a `ctx`-token prompt to a fresh
 engine, steps until every sample has emitted WARM tokens (prefill, graph captures), then times
 TIMED steps (each emits n tokens; step() returns tokens to the host, so host time is included).
 Greedy by default (--temperature): the n samples are then alike, and the two engines' tokens match
 unless rounding flips a near-tie of the random model; sampled tokens would part at the first step.
 Prediction (bytes per step at the card's bandwidth): the plain step reads ~15 GB of weights plus
 n x ctx x 128 KB of K/V, the shared step the weights plus ctx x 128 KB once, so at n=16 the
-shared step is ~2x faster at 8K and ~4x at 32K.
+shared step is ~2x faster at 8K and ~4x at 32K. Measured on an H100 at 8K: 0.84x (NOTES #74); the
+samples' forked prompt pages (33.5 MB of K/V per layer at 8K) may be read from the L2, not HBM.
 Run from the repository root: PYTHONPATH=. python benchmarks/probes/probe_share_prefix.py
 (--tiny: a CPU smoke run, hf_step's tiny model in float32 and one 300-token prompt, n=4; there
 share_prefix falls back to the plain step, so it checks the probe, not the feature; --profile: the
