@@ -1,5 +1,5 @@
 """Probe (GPU): decode speed of Engine(share_prefix=True) against the plain engine, n samples of
-one prompt (README: "Its speed has not been measured, so it is off by default").
+one prompt (README: share_prefix is off by default because it measured slower).
 
 Model: random Llama-3-8B shape (32 layers, hidden 4096, Hq 32 / Hkv 8, D 128, bf16). Each case
 adds one request of `n` samples (seeded) on a `ctx`-token prompt to a fresh
