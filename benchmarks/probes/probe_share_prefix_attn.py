@@ -5,7 +5,8 @@ the shared step 3.2 ms slower on an H100, NOTES #74; this says which part costs 
 The shapes are the engine's at n samples of one ctx-token prompt: a batch bucket of n rows, page 64,
 the table width of hf_graph.width_for, every row holding the prompt's pages then one page of its
 own (ctx + 6 keys: the probe's first timed steps), GQA 32/8, D 128, bf16, the plans made as
-hf._step_plan makes them (max_seqlen = the table's capacity, backend auto, refreshed once).
+hf._step_plan makes them (max_seqlen = the table's capacity, backend auto; plan() schedules the
+splits once, for these lengths).
 Rows, µs per call (graph replay, median):
   plain         decode over every row's keys, the rows' prompt pages shared (forked: what the engine has)
   plain-copies  the same with each row's prompt in pages of its own (n x the bytes from HBM: no L2 reuse)
@@ -82,8 +83,6 @@ def case(ctx, n):
     p_s, p_p = plan_for(suffix_lens, Hq, bound), plan_for(prefix_lens, Hq * m, bound)
     print(f"ctx {ctx} n {n}: bucket {B}, width {W} pages, members/group {m}\n"
           f"  plain plan:  {describe(p_plain)}\n  suffix plan: {describe(p_s)}\n  prefix plan: {describe(p_p)}")
-    o_s, lse_s = decode(q, kp, vp, suffix_lens, block_table=suffix_table, plan=p_s, return_lse=True)
-    o_p, lse_p = group_prefix_decode(q, kp, vp, forked, members, prefix_lens, plan=p_p)
     fns = {
         "plain": lambda: decode(q, kp, vp, lens, block_table=forked, plan=p_plain),
         "plain-copies": lambda: decode(q, kp, vp, lens, block_table=copies, plan=p_copies),
@@ -92,11 +91,12 @@ def case(ctx, n):
         "merge": lambda: merge_states(o_s, lse_s, o_p, lse_p),
         "shared": lambda: merge_states(*fns["suffix"](), *fns["prefix"]()),
     }
+    (o_s, lse_s), (o_p, lse_p) = fns["suffix"](), fns["prefix"]()  # the merge row's inputs
     ref = fns["plain"]().float()
     err = (fns["shared"]()[0].float() - ref)[:n].abs().max().item()
-    for name, f in fns.items() if dev.type == "cuda" else ():
-        us = time_graph([f], dev, a.reps)[0]
-        print(f"  {name:13s} {us:9.1f} us", flush=True)
+    if dev.type == "cuda":
+        for name, f in fns.items():
+            print(f"  {name:13s} {time_graph([f], dev, a.reps)[0]:9.1f} us", flush=True)
     print(f"  shared vs plain: max |diff| {err:.4f} over the {n} rows", flush=True)
 
 
