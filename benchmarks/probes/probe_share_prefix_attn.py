@@ -12,6 +12,8 @@ Rows, µs per call (graph replay, median):
   plain-copies  the same with each row's prompt in pages of its own (n x the bytes from HBM: no L2 reuse)
   suffix        the shared step's decode of each row's own keys
   prefix        cascade.group_prefix_decode: each group's prompt pages once, the members in the heads
+  prefix-unfused  the same, the partials merged by the merge kernel instead of the split kernel's last CTA
+  prefix-triton   the same on the Triton backend
   merge         merge_states of the two
   shared        suffix + prefix + merge (what the shared step runs per layer)
 Prediction (bytes at ~3 TB/s on an H100): plain-copies n x ctx x 4 KB (8K, n=16: 537 MB, ~180 us);
@@ -27,6 +29,7 @@ from splitkv.api import decode
 from splitkv.bench.timing import time_graph
 from splitkv.cache import table_window
 from splitkv.cascade import group_prefix_decode
+from splitkv.heuristics import tile_override
 from splitkv.integrations.hf_graph import bucket_for, members_for, width_for
 from splitkv.merge import merge_states
 from splitkv.plan import plan as make_plan
@@ -41,8 +44,8 @@ Hq, Hkv, D, PS, EXTRA = 32, 8, 128, 64, 6
 print(torch.cuda.get_device_name() if dev.type == "cuda" else "cpu (no timing)", flush=True)
 
 
-def plan_for(lens, heads, bound):
-    return make_plan(lens, heads, Hkv, D, max_seqlen=bound, paged=True, dtype=dt, kv_dtype=dt)
+def plan_for(lens, heads, bound, backend="auto"):
+    return make_plan(lens, heads, Hkv, D, max_seqlen=bound, paged=True, dtype=dt, kv_dtype=dt, backend=backend)
 
 
 def describe(p):
@@ -81,13 +84,19 @@ def case(ctx, n):
     suffix_lens, prefix_lens = lens - row_pages * PS, group_pages * PS
     p_plain, p_copies = plan_for(lens, Hq, bound), plan_for(lens, Hq, bound)
     p_s, p_p = plan_for(suffix_lens, Hq, bound), plan_for(prefix_lens, Hq * m, bound)
+    with tile_override(fused_merge=False):
+        p_pu = plan_for(prefix_lens, Hq * m, bound)
+    p_pt = plan_for(prefix_lens, Hq * m, bound, backend="triton")
     print(f"ctx {ctx} n {n}: bucket {B}, width {W} pages, members/group {m}\n"
-          f"  plain plan:  {describe(p_plain)}\n  suffix plan: {describe(p_s)}\n  prefix plan: {describe(p_p)}")
+          f"  plain plan:  {describe(p_plain)}\n  suffix plan: {describe(p_s)}\n  prefix plan: {describe(p_p)}\n"
+          f"  prefix-unfused plan: {describe(p_pu)}\n  prefix-triton plan: {describe(p_pt)}")
     fns = {
         "plain": lambda: decode(q, kp, vp, lens, block_table=forked, plan=p_plain),
         "plain-copies": lambda: decode(q, kp, vp, lens, block_table=copies, plan=p_copies),
         "suffix": lambda: decode(q, kp, vp, suffix_lens, block_table=suffix_table, plan=p_s, return_lse=True),
         "prefix": lambda: group_prefix_decode(q, kp, vp, forked, members, prefix_lens, plan=p_p),
+        "prefix-unfused": lambda: group_prefix_decode(q, kp, vp, forked, members, prefix_lens, plan=p_pu),
+        "prefix-triton": lambda: group_prefix_decode(q, kp, vp, forked, members, prefix_lens, plan=p_pt),
         "merge": lambda: merge_states(o_s, lse_s, o_p, lse_p),
         "shared": lambda: merge_states(*fns["suffix"](), *fns["prefix"]()),
     }
@@ -98,6 +107,10 @@ def case(ctx, n):
         for name, f in fns.items():
             print(f"  {name:13s} {time_graph([f], dev, a.reps)[0]:9.1f} us", flush=True)
     print(f"  shared vs plain: max |diff| {err:.4f} over the {n} rows", flush=True)
+    if dev.type == "cuda":
+        for name in ("prefix-unfused", "prefix-triton"):
+            d = (fns[name]()[0].float() - o_p.float())[:n].abs().max().item()
+            print(f"  {name} vs prefix: max |diff| {d:.4f}", flush=True)
 
 
 for c in a.cases.split(","):
