@@ -194,6 +194,7 @@ def test_every_split_variant_matches_reference(dtype, D, G, Sq, page, fused, mon
     from splitkv import heuristics
 
     monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_SPLITS", heuristics.MAX_SPLITS if fused else 1)
+    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_BLOCK_M", heuristics.MAX_BLOCK_M)  # every tile may fuse
     lens = [0, 1, 17, 113, 2049]
     q, k, v, sl = make_inputs(5, Sq, 2 * G, 2, D, lens, dtype, "cuda", seed=D + G)
     kd, vd, bt = k, v, None
@@ -491,6 +492,10 @@ def test_fused_merge_is_chosen_by_the_heuristic_and_needs_counters(monkeypatch):
     assert not p.fuse and p.counters is None  # 4 splits > 3: the merge kernel merges
     bi = splitkv.plan(sl, 8, 2, 128, batch_invariant=True, backend="cutlass")
     assert not bi.fuse and bi.tile.block_n == 64  # one merge path and one tile for every batch
+    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_SPLITS", heuristics.MAX_SPLITS)
+    for Sq, fuses in ((4, True), (8, False), (16, False)):  # 16 / 32 / 64 packed rows: block_m 16 / 32 / 64
+        p = splitkv.plan(sl, 8, 2, 128, q_len=Sq, num_splits=4, backend="cutlass")
+        assert p.tile.block_m == 4 * Sq and p.fuse == fuses, (Sq, p.tile, p.fuse)
 
 
 @needs_dsl

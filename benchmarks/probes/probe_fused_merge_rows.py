@@ -6,7 +6,8 @@ at 1-4 rows per tile (MHA, GQA 4 x Sq 1; heuristics.CUTLASS_FUSED_MERGE_MAX_SPLI
 rows (GQA 4 x Sq 16, or a prefix group's 16 members x 4 heads), where the prefix decode of
 probe_share_prefix_attn.py took 165 us for 34 MB of K/V on an H100.
 Rows: each case (B:L:Hq:Sq over 8 KV heads, D 128, bf16, contiguous, causal) on backend cutlass
-with its plan as made (fused) and made under tile_override(fused_merge=False) (the merge kernel),
+with its plan made under tile_override(fused_merge=True) (fused) and (fused_merge=False) (the merge
+kernel), and whether the plan as made (heuristics.CUTLASS_FUSED_MERGE_MAX_BLOCK_M) fuses,
 graph replay, µs per call, and the max |diff| of the two outputs.
 Prediction: at 64 rows the merge kernel wins by tens of µs; at 4 rows the two are within noise.
 Run from the repository root: PYTHONPATH=. python benchmarks/probes/probe_fused_merge_rows.py [--cases ...]
@@ -21,7 +22,8 @@ from splitkv.heuristics import tile_override
 from splitkv.plan import plan as make_plan
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--cases", default="1:32768:32:1,1:32768:32:16,1:131072:32:16,4:8192:32:16,1:8192:512:1,1:32768:512:1",
+ap.add_argument("--cases", default="1:32768:32:1,1:32768:32:4,1:32768:32:8,1:32768:32:16,4:8192:32:8,"
+                "1:131072:32:16,4:8192:32:16,1:8192:512:1,1:32768:512:1",
                 help="batch:context:query heads:query length, comma-separated (8 KV heads)")
 ap.add_argument("--reps", type=int, default=20)
 a = ap.parse_args()
@@ -37,15 +39,17 @@ def case(B, L, Hq, Sq):
     k = torch.randn(B, L, Hkv, D, device=dev, dtype=dt)
     v = torch.randn_like(k)
     lens = torch.full((B,), L, dtype=torch.int32, device=dev)
-    fused = make_plan(lens, Hq, Hkv, D, q_len=Sq, backend=backend, dtype=dt)
+    planned = make_plan(lens, Hq, Hkv, D, q_len=Sq, backend=backend, dtype=dt)
+    with tile_override(fused_merge=True):
+        fused = make_plan(lens, Hq, Hkv, D, q_len=Sq, backend=backend, dtype=dt)
     with tile_override(fused_merge=False):
         unfused = make_plan(lens, Hq, Hkv, D, q_len=Sq, backend=backend, dtype=dt)
     fns = {f"{name} (fuse {p.fuse})": (lambda p=p: decode(q, k, v, lens, plan=p))
-           for name, p in (("as planned", fused), ("merge kernel", unfused))}
+           for name, p in (("fused", fused), ("merge kernel", unfused))}
     outs = [f().float() for f in fns.values()]
     rows = Hq // Hkv * Sq
     print(f"B {B} L {L} Hq {Hq} Sq {Sq}: {rows} rows per KV head, {fused.tile}, max_splits {fused.max_splits}, "
-          f"max |diff| {(outs[0] - outs[1]).abs().max().item():.4f}", flush=True)
+          f"the plan fuses: {planned.fuse}, max |diff| {(outs[0] - outs[1]).abs().max().item():.4f}", flush=True)
     if dev.type == "cuda":
         for name, f in fns.items():
             print(f"  {name:26s} {time_graph([f], dev, a.reps)[0]:9.1f} us", flush=True)
