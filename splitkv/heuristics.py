@@ -451,14 +451,21 @@ CUTLASS_PDL = True
 # launch. Prediction before the H200 run: the merge costs ~3 us of B=1 GQA 4K's 10.6 us (graph,
 # split kernel alone 7.4 us); a parallel merge of 16 splits' partials from L2 should take ~1 us.
 CUTLASS_FUSED_MERGE_MAX_SPLITS = MAX_SPLITS
-# ... and only on tiles of at most this many query rows: the merging CTA walks rows x splits partials
-# (4 columns of a row per thread and pass), so its time grows with the rows, where the merge kernel
-# spreads them over the GPU. H100, graph replay, bf16 D 128, 8 KV heads, 16 splits (2026-12-07,
-# results/2026-12-07-h100-share-prefix/fused_merge_rows.log, fused vs merge kernel): 4 rows (m16, B=1
-# GQA 32K) 51.2 vs 51.7 us; 64 rows (m64): B=1 GQA 32K Sq 16 146.0 vs 64.6, 128K Sq 16 282.1 vs 198.9,
-# B=4 8K Sq 16 131.1 vs 68.9, B=1 8K with 64 query heads per KV head 95.5 vs 28.2. 17-32 rows (m32)
-# were not measured; they take the merge kernel with m64.
-CUTLASS_FUSED_MERGE_MAX_BLOCK_M = 16
+# ... and only on tiles of at most this many packed query rows (group x Sq, at most block_m): the
+# merging CTA walks rows x splits partials (4 columns of a row per thread and pass), so its time grows
+# with the rows, where the merge kernel spreads them over the GPU. H100, graph replay, bf16 D 128,
+# 8 KV heads, 16 splits, fused vs merge kernel, µs (2026-12-07, results/2026-12-07-h100-share-prefix/
+# fused_merge_rows_call*.log): 4 rows B=1 4K 9.5 vs 9.8, 32K 51.1 vs 51.7; 8 rows within 1.3 either way
+# (B=1 4K 11.5 vs 10.6, 32K 51.9 vs 51.2, 128K 177.8 vs 177.2, B=4 4K 30.1 vs 31.4); 16 rows B=1 4K
+# 15.0 vs 11.5, 32K 56.0 vs 52.7; 32 rows B=1 32K 66.2 vs 56.6; 64 rows B=1 32K 145.7 vs 64.7, 128K
+# 285.2 vs 198.8, B=4 8K 129.9 vs 68.4, one prefix group's 64 query heads per KV head at 8K 106.1 vs 29.3.
+CUTLASS_FUSED_MERGE_MAX_ROWS = 8
+
+
+def cutlass_fuses_merge(max_splits: int, rows: int, block_m: int) -> bool:
+    """Whether a CuTe split plan merges in its split kernel: some splits, at most
+    CUTLASS_FUSED_MERGE_MAX_SPLITS, and at most CUTLASS_FUSED_MERGE_MAX_ROWS rows in a tile."""
+    return 1 < max_splits <= CUTLASS_FUSED_MERGE_MAX_SPLITS and min(rows, block_m) <= CUTLASS_FUSED_MERGE_MAX_ROWS
 
 
 # A backend's unsplit tile (block_n 128) also serves split plans whose CTAs stream long chunks: a

@@ -301,8 +301,7 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
                                    batch_invariant)
         block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not whole, paged, prob.kv_fp8, waves)
         tile = H.TileConfig(tile.block_m, block_n, tile.num_warps, stages)
-        fuse = 1 < rule.max_splits <= H.CUTLASS_FUSED_MERGE_MAX_SPLITS \
-            and tile.block_m <= H.CUTLASS_FUSED_MERGE_MAX_BLOCK_M
+        fuse = H.cutlass_fuses_merge(rule.max_splits, prob.qhead_per_kvhead * prob.q_len, tile.block_m)
     else:
         t = H.tile_config(prob.head_dim, prob.qhead_per_kvhead * prob.q_len, splitting=splitting and not whole,
                           kv_fp8=prob.kv_fp8)

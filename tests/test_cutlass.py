@@ -194,7 +194,7 @@ def test_every_split_variant_matches_reference(dtype, D, G, Sq, page, fused, mon
     from splitkv import heuristics
 
     monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_SPLITS", heuristics.MAX_SPLITS if fused else 1)
-    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_BLOCK_M", heuristics.MAX_BLOCK_M)  # every tile may fuse
+    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_ROWS", heuristics.MAX_BLOCK_M)  # every tile may fuse
     lens = [0, 1, 17, 113, 2049]
     q, k, v, sl = make_inputs(5, Sq, 2 * G, 2, D, lens, dtype, "cuda", seed=D + G)
     kd, vd, bt = k, v, None
@@ -346,13 +346,15 @@ def _record_launches(monkeypatch, kernel_cls, launcher: str):
 
 
 def _split_case(paged):
-    """CPU inputs of one split launch: GQA 6 x Sq 3 over [B, H, L, D] storage, 3 forced splits."""
+    """CPU inputs of one split launch: GQA 6 x Sq 3 over [B, H, L, D] storage, 3 forced splits, the
+    merge fused (forced: the rule leaves 18-row tiles to the merge kernel)."""
     lens = [300, 40]
     q, k, v, sl = make_inputs(2, 3, 12, 2, 64, lens, torch.float16, transposed=True)
     bt = None
     if paged:
         k, v, bt = to_paged(k, v, lens, 16)
-    p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3, backend="cutlass", paged=paged)
+    with H.tile_override(fused_merge=True):
+        p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3, backend="cutlass", paged=paged)
     o_part, lse_part = p.partials()
     return q, k, v, sl, bt, p, o_part, lse_part, torch.empty_like(q), torch.empty(2, 12, 3)
 
@@ -493,9 +495,9 @@ def test_fused_merge_is_chosen_by_the_heuristic_and_needs_counters(monkeypatch):
     bi = splitkv.plan(sl, 8, 2, 128, batch_invariant=True, backend="cutlass")
     assert not bi.fuse and bi.tile.block_n == 64  # one merge path and one tile for every batch
     monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_SPLITS", heuristics.MAX_SPLITS)
-    for Sq, fuses in ((4, True), (8, False), (16, False)):  # 16 / 32 / 64 packed rows: block_m 16 / 32 / 64
+    for Sq, fuses in ((1, True), (2, True), (3, False), (4, False), (16, False)):  # 4 .. 64 packed rows
         p = splitkv.plan(sl, 8, 2, 128, q_len=Sq, num_splits=4, backend="cutlass")
-        assert p.tile.block_m == 4 * Sq and p.fuse == fuses, (Sq, p.tile, p.fuse)
+        assert p.fuse == fuses, (Sq, p.tile, p.fuse)  # the merging CTA walks at most 8 rows
 
 
 @needs_dsl

@@ -7,7 +7,7 @@ rows (GQA 4 x Sq 16, or a prefix group's 16 members x 4 heads), where the prefix
 probe_share_prefix_attn.py took 165 us for 34 MB of K/V on an H100.
 Rows: each case (B:L:Hq:Sq over 8 KV heads, D 128, bf16, contiguous, causal) on backend cutlass
 with its plan made under tile_override(fused_merge=True) (fused) and (fused_merge=False) (the merge
-kernel), and whether the plan as made (heuristics.CUTLASS_FUSED_MERGE_MAX_BLOCK_M) fuses,
+kernel), and whether the plan as made (heuristics.CUTLASS_FUSED_MERGE_MAX_ROWS) fuses,
 graph replay, µs per call, and the max |diff| of the two outputs.
 Prediction: at 64 rows the merge kernel wins by tens of µs; at 4 rows the two are within noise.
 Run from the repository root: PYTHONPATH=. python benchmarks/probes/probe_fused_merge_rows.py [--cases ...]
