@@ -2,9 +2,9 @@
 
 The fused merge (backends/cutlass/fused_merge.py) runs in the last split CTA of each (request,
 KV head, m-tile): one CTA walks rows x splits partials. It was measured ahead of the merge kernel
-at 1-4 rows per tile (MHA, GQA 4 x Sq 1; heuristics.CUTLASS_FUSED_MERGE_MAX_SPLITS), never at 64
-rows (GQA 4 x Sq 16, or a prefix group's 16 members x 4 heads), where the prefix decode of
-probe_share_prefix_attn.py took 165 us for 34 MB of K/V on an H100.
+at 1-4 rows per tile (MHA, GQA 4 x Sq 1) before this probe measured 8-64 rows (GQA 4 x Sq 16, or a
+prefix group's 16 members x 4 heads, where the prefix decode of probe_share_prefix_attn.py took
+165 us for 34 MB of K/V on an H100); its results set heuristics.CUTLASS_FUSED_MERGE_MAX_ROWS.
 Rows: each case (B:L:Hq:Sq over 8 KV heads, D 128, bf16, contiguous, causal) on backend cutlass
 with its plan made under tile_override(fused_merge=True) (fused) and (fused_merge=False) (the merge
 kernel), and whether the plan as made (heuristics.CUTLASS_FUSED_MERGE_MAX_ROWS) fuses,
