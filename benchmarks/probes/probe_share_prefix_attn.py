@@ -19,6 +19,7 @@ Rows, µs per call (graph replay, median):
 Prediction (bytes at ~3 TB/s on an H100): plain-copies n x ctx x 4 KB (8K, n=16: 537 MB, ~180 us);
 prefix ctx x 4 KB (34 MB, ~11 us); suffix and merge a few us each. plain < plain-copies would mean
 the forked pages come from the L2.
+--profile ROWS lists those rows' CUDA kernels (eager calls: where a row's time goes, kernel by kernel).
 Run from the repository root: PYTHONPATH=. python benchmarks/probes/probe_share_prefix_attn.py [--cases 8192:16,...]
 """
 import argparse
@@ -37,6 +38,8 @@ from splitkv.plan import plan as make_plan
 ap = argparse.ArgumentParser()
 ap.add_argument("--cases", default="8192:16,32768:16", help="prompt tokens:samples, comma-separated")
 ap.add_argument("--reps", type=int, default=20)
+ap.add_argument("--profile", default="", help="comma-separated rows whose CUDA kernels to list (torch.profiler, "
+                "10 eager calls each, kernel totals / 10), e.g. prefix,prefix-triton")
 a = ap.parse_args()
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: a smoke run, no timing
 dt = torch.bfloat16
@@ -50,6 +53,19 @@ def plan_for(lens, heads, bound, backend="auto"):
 
 def describe(p):
     return f"{p.backend} {p.tile} max_splits {p.max_splits} fuse {p.fuse}"
+
+
+def profile_row(name, fn, calls=10):
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    print(f"  {name} kernels (us per call, eager):")
+    for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:10]:
+        print(f"    {e.device_time_total / calls:8.1f}  x{e.count // calls}  {e.key[:90]}")
 
 
 @torch.no_grad()
@@ -108,6 +124,8 @@ def case(ctx, n):
             print(f"  {name:13s} {time_graph([f], dev, a.reps)[0]:9.1f} us", flush=True)
     print(f"  shared vs plain: max |diff| {err:.4f} over the {n} rows", flush=True)
     if dev.type == "cuda":
+        for name in filter(None, a.profile.split(",")):
+            profile_row(name, fns[name])
         for name in ("prefix-unfused", "prefix-triton"):
             d = (fns[name]()[0].float() - o_p.float())[:n].abs().max().item()
             print(f"  {name} vs prefix: max |diff| {d:.4f}", flush=True)
