@@ -25,6 +25,7 @@ _EXPORTS = {
     "merge_states_n": ("merge", "merge_states_n"),
     "cascade_decode": ("cascade", "cascade_decode"),
     "group_prefix_decode": ("cascade", "group_prefix_decode"),
+    "prefix_gather": ("cascade", "prefix_gather"),
     "PagedKVCache": ("cache", "PagedKVCache"),
     "CacheFullError": ("cache", "CacheFullError"),
     "clear_plans": ("execute", "clear_plans"),

@@ -12,7 +12,8 @@ must therefore hold the Sq new tokens (suffix_seqlens >= Sq).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -117,9 +118,42 @@ def cascade_decode(q: Tensor, prefix_k: Tensor, prefix_v: Tensor, prefix_len: in
     return (o, lse) if return_lse else o
 
 
+class PrefixGather(NamedTuple):
+    """Index tensors that fold a batch's groups into group_prefix_decode's query heads and back
+    (prefix_gather): made once per step, they serve every layer with the same members."""
+
+    q_idx: tuple  # (row, position, head) of q read by each folded query [Gn, Sq, Hkv, n, G]
+    table_rows: Tensor  # int64 [Gn]: each group's first member (its table holds the prefix)
+    o_idx: tuple  # (group, position, KV head, member, head in group) of each row's folded output
+    lse_idx: tuple  # the same in the folded lse's order [Gn, Hkv, n, G, Sq]
+    in_group: Tensor  # bool [B, 1, 1]: rows in a group (others get the empty state)
+
+
+def prefix_gather(members: Tensor, batch: int, q_len: int, num_q_heads: int, num_kv_heads: int) -> PrefixGather:
+    """The gathers of group_prefix_decode for these members (int64 [Gn, n], `batch` = empty slot),
+    for q of shape [batch, q_len, num_q_heads, D]. No host read: capturable."""
+    Gn, n = members.shape
+    Sq, Hkv, G = q_len, num_kv_heads, num_q_heads // num_kv_heads
+    dev = members.device
+    ar = functools.partial(torch.arange, device=dev)
+    # folded query (g, s, h, j, x) is q[members[g, j], s, h * G + x]; an empty slot reads row 0 (dropped)
+    q_idx = (members.clamp(max=batch - 1).view(Gn, 1, 1, n, 1), ar(Sq).view(1, Sq, 1, 1, 1),
+             (ar(Hkv).view(Hkv, 1) * G + ar(G)).view(1, 1, Hkv, 1, G))
+    # each row's slot g * n + j (Gn * n: in no group); empty slots all write row `batch`, dropped
+    slot = torch.full((batch + 1,), Gn * n, dtype=torch.long, device=dev)
+    slot = slot.scatter_(0, members.reshape(-1), ar(Gn * n))[:batch]
+    in_group = slot < Gn * n
+    g, j = (slot // n).clamp_(max=Gn - 1).view(batch, 1, 1, 1), (slot % n).view(batch, 1, 1, 1)
+    h, x, s = ar(Hkv), ar(G), ar(Sq)
+    o_idx = (g, s.view(1, Sq, 1, 1), h.view(1, 1, Hkv, 1), j, x.view(1, 1, 1, G))
+    lse_idx = (g, h.view(1, Hkv, 1, 1), j, x.view(1, 1, G, 1), s.view(1, 1, 1, Sq))
+    return PrefixGather(q_idx, members[:, 0].clamp(max=batch - 1), o_idx, lse_idx, in_group.view(batch, 1, 1))
+
+
 def group_prefix_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tensor, members: Tensor,
                         prefix_lens: Tensor, *, softmax_scale: float | None = None, plan: DecodePlan | None = None,
-                        backend: str = "auto", **variant: object) -> tuple[Tensor, Tensor]:
+                        backend: str = "auto", gather: PrefixGather | None = None,
+                        **variant: object) -> tuple[Tensor, Tensor]:
     """Each request's attention state over the prompt prefix it shares with its group, each group's
     prefix read once (cascade_decode for many groups at a time, e.g. the n samples of each of
     several prompts in one paged batch).
@@ -131,19 +165,21 @@ def group_prefix_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table
     one prompt). The members' queries are folded into the heads (cascade_decode's order: KV head,
     member, group), so one decode over Gn requests reads each prefix once. Returns (o [B, Sq, Hq, D],
     lse [B, Hq, Sq] fp32); a row in no group gets the empty state (0, -inf), so
-    merge_states(suffix state, this) is exact for every row. No host read: capturable."""
+    merge_states(suffix state, this) is exact for every row. gather: prefix_gather(members, ...)
+    made once for calls with the same members (every layer of a step); made here when None. No host
+    read: capturable."""
     B, Sq, Hq, D = q.shape
     Gn, n = members.shape
     Hkv = k_pages.shape[-2]
     G = Hq // Hkv
-    q_ext = torch.cat((q, q.new_zeros(1, Sq, Hq, D)))  # row B: the empty slots' query (its result is dropped)
-    qf = q_ext[members].reshape(Gn, n, Sq, Hkv, G, D).permute(0, 2, 3, 1, 4, 5).reshape(Gn, Sq, Hkv * n * G, D)
-    table = block_table.index_select(0, members[:, 0].clamp(max=B - 1))
+    if gather is None:
+        gather = prefix_gather(members, B, Sq, Hq, Hkv)
+    # one gather each way: q's rows straight into the folded order, each row's state straight out
+    qf = q[gather.q_idx].reshape(Gn, Sq, Hkv * n * G, D)
+    table = block_table[gather.table_rows]
     o_f, lse_f = decode(qf, k_pages, v_pages, prefix_lens, block_table=table, causal=False,
                         softmax_scale=softmax_scale, return_lse=True, plan=plan, backend=backend, **variant)
-    o_f = o_f.reshape(Gn, Sq, Hkv, n, G, D).permute(0, 3, 1, 2, 4, 5).reshape(Gn * n, Sq, Hq, D)
-    lse_f = lse_f.reshape(Gn, Hkv, n, G, Sq).permute(0, 2, 1, 3, 4).reshape(Gn * n, Hq, Sq)
-    idx = members.reshape(-1)
-    o = o_f.new_zeros(B + 1, Sq, Hq, D).index_copy_(0, idx, o_f)  # empty slots all land in row B
-    lse = lse_f.new_full((B + 1, Hq, Sq), float("-inf")).index_copy_(0, idx, lse_f)
-    return o[:B], lse[:B]
+    o = o_f.reshape(Gn, Sq, Hkv, n, G, D)[gather.o_idx].reshape(B, Sq, Hq, D)
+    lse = lse_f.reshape(Gn, Hkv, n, G, Sq)[gather.lse_idx].reshape(B, Hq, Sq)
+    inside = gather.in_group
+    return torch.where(inside.view(B, 1, 1, 1), o, 0), torch.where(inside, lse, float("-inf"))

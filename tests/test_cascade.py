@@ -181,3 +181,31 @@ def test_group_prefix_decode_merged_with_the_suffix_equals_plain_decode(backend)
     assert (o.float() - ref_o.float()).abs().max() < tol
     assert (lse - ref_lse).abs().max() < 1e-3
     assert torch.isinf(lse_p[5]).all() and not o_p[5].any()  # the row in no group: the empty state
+
+
+def test_group_prefix_decode_folds_each_member_into_its_own_heads():
+    """Sq 3, GQA 3, a strided q (as a model's transposed query is): each member's state equals decode
+    of that member alone over its group's prefix; a row in no group gets (0, -inf), even when its
+    query is NaN; a gather made once (prefix_gather) gives the same bits as one made per call."""
+    from splitkv import decode, group_prefix_decode, prefix_gather
+
+    B, Sq, Hq, Hkv, D, ps = 5, 3, 6, 2, 32, 4
+    g = torch.Generator().manual_seed(11)
+    kp, vp = (torch.randn(12, ps, Hkv, D, generator=g) for _ in range(2))
+    table = torch.randperm(12, generator=g).int().view(3, 4).repeat(2, 1)[:B]
+    q = torch.randn(B, Hq, Sq, D, generator=g).transpose(1, 2)  # [B, Sq, Hq, D], not contiguous
+    q[4] = float("nan")
+    members = torch.tensor([[2, 0, B], [3, B, B], [B, B, B]])  # row 1 shares row 0's table but is in no group
+    table[2] = table[0]
+    prefix_lens = torch.tensor([8, 12, 0], dtype=torch.int32)
+    o, lse = group_prefix_decode(q, kp, vp, table, members, prefix_lens, backend="torch")
+    for grp, rows in ((0, (2, 0)), (1, (3,))):
+        for r in rows:
+            ref_o, ref_lse = decode(q[r:r + 1], kp, vp, prefix_lens[grp:grp + 1], block_table=table[r:r + 1],
+                                    causal=False, return_lse=True, backend="torch")
+            assert (o[r] - ref_o[0]).abs().max() < 1e-5 and (lse[r] - ref_lse[0]).abs().max() < 1e-5
+    for r in (1, 4):
+        assert not o[r].any() and torch.isneginf(lse[r]).all()
+    o2, lse2 = group_prefix_decode(q, kp, vp, table, members, prefix_lens, backend="torch",
+                                   gather=prefix_gather(members, B, Sq, Hq, Hkv))
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)

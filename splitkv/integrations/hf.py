@@ -37,7 +37,7 @@ import torch
 from .. import validate
 from ..api import decode
 from ..cache import PagedKVCache
-from ..cascade import group_prefix_decode
+from ..cascade import group_prefix_decode, prefix_gather
 from ..merge import merge_states
 from ..plan import DecodePlan
 from ..plan import plan as make_plan
@@ -149,8 +149,11 @@ def splitkv_attention(module, query, key, value, attention_mask, scaling=None, d
         o_s, lse_s = decode(q, kp, vp, io.suffix_lens, block_table=io.suffix_table, softmax_scale=scaling, plan=p_s,
                             backend=state.backend, return_lse=True, **var)
         p_p = plan(("prefix", *vkey), io.prefix_lens, Hq * io.members.shape[1])
+        gkey = (Sq, Hq, key.shape[1])
+        if gkey not in io.gathers:  # once per step: every layer folds the same members
+            io.gathers[gkey] = prefix_gather(io.members, B, *gkey)
         o_p, lse_p = group_prefix_decode(q, kp, vp, block_table, io.members, io.prefix_lens, softmax_scale=scaling,
-                                         plan=p_p, backend=state.backend, **var)
+                                         plan=p_p, backend=state.backend, gather=io.gathers[gkey], **var)
         state.plan = p_s
         return merge_states(o_s, lse_s, o_p, lse_p)[0], None
     p = state.plan = plan(vkey, seqlens, Hq)

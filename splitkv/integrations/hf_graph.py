@@ -121,6 +121,8 @@ class StepIO:
     prefix_lens: torch.Tensor | None = None
     suffix_lens: torch.Tensor | None = None
     suffix_table: torch.Tensor | None = None
+    # this step's cascade.prefix_gather, keyed by (q_len, q heads, KV heads): made at the first layer
+    gathers: dict = field(default_factory=dict)
     plans: dict = field(default_factory=dict)  # the attention's plans at this shape, one per variant
     graph: object = None  # torch.cuda.CUDAGraph once captured
     eager: bool = False  # capture failed (or no CUDA): run the body eagerly
@@ -208,6 +210,7 @@ class GraphSteps:
             io.suffix_table = table_window(io.block_table, io.row_pages, W)
             io.suffix_lens = io.seqlens - io.row_pages * ps
             io.prefix_lens = io.group_pages * ps
+            io.gathers.clear()  # remade in this body, so that a capture records them
         st = self.state
         st.io = io
         st.refreshed.clear()
