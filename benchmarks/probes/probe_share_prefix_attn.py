@@ -12,6 +12,7 @@ Rows, µs per call (graph replay, median):
   plain-copies  the same with each row's prompt in pages of its own (n x the bytes from HBM: no L2 reuse)
   suffix        the shared step's decode of each row's own keys
   prefix        cascade.group_prefix_decode: each group's prompt pages once, the members in the heads
+  prefix-gathered  the same with its gathers made once (cascade.prefix_gather: once per step in the engine)
   prefix-unfused  the same, the partials merged by the merge kernel instead of the split kernel's last CTA
   prefix-triton   the same on the Triton backend
   merge         merge_states of the two
@@ -29,7 +30,7 @@ import torch
 from splitkv.api import decode
 from splitkv.bench.timing import time_graph
 from splitkv.cache import table_window
-from splitkv.cascade import group_prefix_decode
+from splitkv.cascade import group_prefix_decode, prefix_gather
 from splitkv.heuristics import tile_override
 from splitkv.integrations.hf_graph import bucket_for, members_for, width_for
 from splitkv.merge import merge_states
@@ -111,11 +112,13 @@ def case(ctx, n):
         "plain-copies": lambda: decode(q, kp, vp, lens, block_table=copies, plan=p_copies),
         "suffix": lambda: decode(q, kp, vp, suffix_lens, block_table=suffix_table, plan=p_s, return_lse=True),
         "prefix": lambda: group_prefix_decode(q, kp, vp, forked, members, prefix_lens, plan=p_p),
+        "prefix-gathered": lambda: group_prefix_decode(q, kp, vp, forked, members, prefix_lens, plan=p_p, gather=gat),
         "prefix-unfused": lambda: group_prefix_decode(q, kp, vp, forked, members, prefix_lens, plan=p_pu),
         "prefix-triton": lambda: group_prefix_decode(q, kp, vp, forked, members, prefix_lens, plan=p_pt),
         "merge": lambda: merge_states(o_s, lse_s, o_p, lse_p),
         "shared": lambda: merge_states(*fns["suffix"](), *fns["prefix"]()),
     }
+    gat = prefix_gather(members, B, 1, Hq, Hkv)
     (o_s, lse_s), (o_p, lse_p) = fns["suffix"](), fns["prefix"]()  # the merge row's inputs
     ref = fns["plain"]().float()
     err = (fns["shared"]()[0].float() - ref)[:n].abs().max().item()
