@@ -131,28 +131,47 @@ class PrefixGather(NamedTuple):
     in_group: Tensor  # bool [B, 1, 1]: rows in a group (others get the empty state)
 
 
+# prefix_gather's shape constants, by (device, Gn, n, Sq, Hq, Hkv): made outside CUDA-graph capture
+# (a tensor made inside one holds its values only once the graph replays), so a step's gather
+# is 8 small kernels instead of ~30
+_GATHER_CONSTANTS: dict[tuple, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+
+
+def _gather_constants(device, Gn, n, Sq, Hq, Hkv):
+    key = (device, Gn, n, Sq, Hq, Hkv)
+    hit = _GATHER_CONSTANTS.get(key)
+    if hit is not None:
+        return hit
+    G = Hq // Hkv
+    ar = functools.partial(torch.arange, device=device)
+    g, j = ar(Gn).view(Gn, 1), ar(n).view(1, n)
+    # folded (g, s, h, j, x) sits at (((g * Sq + s) * Hkv + h) * n + j) * G + x among the output's rows
+    # and at (((g * Hkv + h) * n + j) * G + x) * Sq + s in the lse: per slot (g, j) a base, per
+    # (s, h, x) an offset; a third column marks the slot's row as grouped
+    slot = torch.stack(((g * (Sq * Hkv * n * G) + j * G).reshape(-1), (g * (Hkv * n * G * Sq) + j * (G * Sq)).reshape(-1),
+                        torch.ones(Gn * n, dtype=torch.long, device=device)), 1)
+    o_off = ((ar(Sq).view(Sq, 1, 1) * Hkv + ar(Hkv).view(1, Hkv, 1)) * (n * G) + ar(G).view(1, 1, G)).reshape(1, -1)
+    lse_off = (ar(Hkv).view(Hkv, 1, 1) * (n * G * Sq) + ar(G * Sq).view(1, G, Sq)).reshape(1, -1)
+    q_off = ar(Sq * Hq).view(1, Sq, Hkv, 1, G)
+    out = (slot, o_off, lse_off, q_off)
+    if torch.device(device).type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        _GATHER_CONSTANTS[key] = out
+    return out
+
+
 def prefix_gather(members: Tensor, batch: int, q_len: int, num_q_heads: int, num_kv_heads: int) -> PrefixGather:
     """The gathers of group_prefix_decode for these members (int64 [Gn, n], `batch` = empty slot),
     for q of shape [batch, q_len, num_q_heads, D]. No host read: capturable."""
     Gn, n = members.shape
     Sq, Hq, Hkv = q_len, num_q_heads, num_kv_heads
-    G = Hq // Hkv
-    ar = functools.partial(torch.arange, device=members.device)
+    slot, o_off, lse_off, q_off = _gather_constants(members.device, Gn, n, Sq, Hq, Hkv)
     # folded query (g, s, h, j, x) is q[members[g, j], s, h * G + x]; an empty slot reads row 0 (dropped)
-    q_rows = members.clamp(max=batch - 1).view(Gn, 1, 1, n, 1) * (Sq * Hq) + ar(Sq * Hq).view(1, Sq, Hkv, 1, G)
-    # each row's slot g * n + j (Gn * n: in no group); empty slots all write row `batch`, dropped
-    slot = torch.full((batch + 1,), Gn * n, dtype=torch.long, device=members.device)
-    slot = slot.scatter_(0, members.reshape(-1), ar(Gn * n))[:batch]
-    in_group = slot < Gn * n
-    g, j = (slot // n).clamp_(max=Gn - 1), slot % n
-    # folded (g, s, h, j, x) sits at (((g * Sq + s) * Hkv + h) * n + j) * G + x in the output's rows
-    # and at (((g * Hkv + h) * n + j) * G + x) * Sq + s in the lse
-    shx = (ar(Sq).view(Sq, 1, 1) * Hkv + ar(Hkv).view(1, Hkv, 1)) * (n * G) + ar(G).view(1, 1, G)
-    o_rows = (g * (Sq * Hkv * n * G) + j * G).view(batch, 1, 1, 1) + shx
-    hxs = ar(Hkv).view(Hkv, 1, 1) * (n * G * Sq) + ar(G * Sq).view(1, G, Sq)
-    lse_idx = (g * (Hkv * n * G * Sq) + j * (G * Sq)).view(batch, 1, 1, 1) + hxs
-    return PrefixGather(q_rows.reshape(-1), members[:, 0].clamp(max=batch - 1), o_rows.reshape(-1),
-                        lse_idx.reshape(-1), in_group.view(batch, 1, 1))
+    q_rows = torch.add(q_off, members.clamp(max=batch - 1).view(Gn, 1, 1, n, 1), alpha=Sq * Hq)
+    # each row takes its slot's bases (rows in no group: zeros); empty slots all write row `batch`, dropped
+    base = torch.zeros(batch + 1, 3, dtype=torch.long, device=members.device)
+    base = base.scatter_(0, members.reshape(-1, 1).expand(-1, 3), slot)[:batch]
+    return PrefixGather(q_rows.reshape(-1), members[:, 0].clamp(max=batch - 1), (base[:, :1] + o_off).reshape(-1),
+                        (base[:, 1:2] + lse_off).reshape(-1), base[:, 2].bool().view(batch, 1, 1))
 
 
 def group_prefix_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tensor, members: Tensor,

@@ -626,6 +626,13 @@ def cutlass_tile(head_dim: int, splitting: bool = True, paged: bool = False, kv_
 # logits differ from transformers' by 0.136 / 0.160 (B=1 / 4) vs Triton's 0.148 / 0.164.
 AUTO_CUTLASS = True
 AUTO_CUTLASS_MIN_SPLITS = 2
+# ... but Triton for split plans of more than 32 query rows per KV head (the m64 tile: speculative
+# Sq 16 at GQA 4, share_prefix's group batch): H100, graph replay, each backend at its own plan,
+# bf16 D 128 GQA x/8 (benchmarks/probes/probe_tile_rows_backend.py, results/2026-12-07-h100-share-prefix),
+# cutlass / Triton: Sq 16 at GQA 4: B=1 32K 63.7 / 61.2 us, 128K 202.3 / 191.2, B=4 8K 68.3 / 64.4,
+# B=1 32K paged 16 70.1 / 62.6; 512 query heads (a group of 16 x GQA 4), paged 64: 8K 30.3 / 22.4,
+# 32K 68.9 / 62.0. At m32 (Sq 8) cutlass stays ahead: 55.1 / 56.8, 57.2 / 58.4. Not measured on the H200.
+AUTO_CUTLASS_MAX_BLOCK_M = 32
 # fp8 caches: `auto` takes the cutlass kernel (fp8.py, FP8_TILE) for contiguous caches with one
 # query per head, split or not, and Triton's fp8 path for paged caches and multi-token queries.
 # H100 (not the H200: none was lent), graph replay, each backend's own graph-safe plan, e4m3, rounds
@@ -643,5 +650,5 @@ def auto_prefers_cutlass_fp8(paged: bool, q_len: int) -> bool:
     return AUTO_CUTLASS_FP8 and not paged and q_len == 1
 
 
-def auto_prefers_cutlass(max_splits: int) -> bool:
-    return AUTO_CUTLASS and max_splits >= AUTO_CUTLASS_MIN_SPLITS
+def auto_prefers_cutlass(max_splits: int, block_m: int = MIN_BLOCK_M) -> bool:
+    return AUTO_CUTLASS and max_splits >= AUTO_CUTLASS_MIN_SPLITS and block_m <= AUTO_CUTLASS_MAX_BLOCK_M

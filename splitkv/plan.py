@@ -273,8 +273,9 @@ def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, var
         return name, backend == "auto"
     if prob.kv_fp8:
         return ("cutlass" if H.auto_prefers_cutlass_fp8(prob.page_size is not None, prob.q_len) else "triton"), True
-    splits = _rule("cutlass", prob, **kw)[2].max_splits
-    return ("cutlass" if kw["batch_invariant"] or H.auto_prefers_cutlass(splits) else "triton"), True
+    tile, _, rule = _rule("cutlass", prob, **kw)
+    return ("cutlass" if kw["batch_invariant"] or H.auto_prefers_cutlass(rule.max_splits, tile.block_m)
+            else "triton"), True
 
 
 def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: int | None = None,

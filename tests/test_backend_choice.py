@@ -39,6 +39,15 @@ def test_auto_takes_cutlass_for_split_plans_on_sm90(sm90):
     assert _build(L=300).backend == "triton"  # a bound too short to split
 
 
+def test_auto_takes_triton_for_split_plans_of_more_than_32_rows_per_kv_head(sm90):
+    """GQA 4 x Sq 16 (64 rows: the m64 tile) splits on Triton, measured ahead there; Sq 8 (m32) stays on cutlass."""
+    def built(sq):
+        return build(validate.Problem(1, sq, 32, 8, 128, 32768, None, torch.bfloat16), "cpu", num_sms=132)
+    assert built(16).tile.block_m == 64 and built(16).backend == "triton" and built(16).max_splits > 1
+    assert built(8).backend == "cutlass"
+    assert not heuristics.auto_prefers_cutlass(16, 64) and heuristics.auto_prefers_cutlass(16, 32)
+
+
 def test_explicit_backends_and_the_env_override_are_kept(sm90, monkeypatch):
     assert _build("triton", 3).backend == "triton" and not _build("triton", 3).auto
     monkeypatch.setenv("SPLITKV_BACKEND", "triton")
