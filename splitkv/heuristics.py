@@ -628,10 +628,10 @@ AUTO_CUTLASS = True
 AUTO_CUTLASS_MIN_SPLITS = 2
 # ... but Triton for split plans of more than 32 query rows per KV head (the m64 tile: speculative
 # Sq 16 at GQA 4, share_prefix's group batch): H100, graph replay, each backend at its own plan,
-# bf16 D 128 GQA x/8 (benchmarks/probes/probe_tile_rows_backend.py, results/2026-12-07-h100-share-prefix),
-# cutlass / Triton: Sq 16 at GQA 4: B=1 32K 63.7 / 61.2 us, 128K 202.3 / 191.2, B=4 8K 68.3 / 64.4,
-# B=1 32K paged 16 70.1 / 62.6; 512 query heads (a group of 16 x GQA 4), paged 64: 8K 30.3 / 22.4,
-# 32K 68.9 / 62.0. At m32 (Sq 8) cutlass stays ahead: 55.1 / 56.8, 57.2 / 58.4. Not measured on the H200.
+# bf16 D 128 GQA x/8 (benchmarks/probes/probe_tile_rows_backend.py, results/2026-12-07-h100-prefix-fold),
+# cutlass / Triton: Sq 16 at GQA 4: B=1 32K 63.4 / 59.9 us, 128K 201.0 / 189.8, B=4 8K 68.3 / 65.1,
+# B=1 32K paged 16 68.8 / 62.6; 512 query heads (a group of 16 x GQA 4), paged 64: 8K 30.1 / 22.1,
+# 32K 69.5 / 61.7. At m32 (Sq 8) cutlass stays ahead: 55.7 / 57.4, 57.9 / 58.8. Not measured on the H200.
 AUTO_CUTLASS_MAX_BLOCK_M = 32
 # fp8 caches: `auto` takes the cutlass kernel (fp8.py, FP8_TILE) for contiguous caches with one
 # query per head, split or not, and Triton's fp8 path for paged caches and multi-token queries.
