@@ -112,8 +112,8 @@ class Engine:
     the n samples of a request (or the requests on one add_prefix prefix) share once for all of
     them (cascade.group_prefix_decode, merged with each sample's own keys) instead of once per
     sample; with the fixed-shape / graph steps only (a GPU). Off by default: on an H100 it measured
-    1.36x the plain step at n=16 of a 32K prompt but only 1.01x at 8K, where the plain step's reads
-    of the shared pages hit the L2 (benchmarks/probes/probe_share_prefix.py).
+    1.36x the plain step at n=16 of a 32K prompt, 1.01x at 8K and 0.88x at 2K, where the plain
+    step's reads of the shared pages hit the L2 (benchmarks/probes/probe_share_prefix.py).
     An fp8 pool's scales (k_scale, v_scale: a float, or float32 [num_layers, Hkv]) are fixed when
     it is made, before any prompt is seen: calibrate them offline for K/V with outlier channels
     (PagedKVCache). Not thread-safe."""
