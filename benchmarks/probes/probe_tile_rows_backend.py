@@ -15,6 +15,8 @@ import argparse
 import torch
 
 from splitkv.api import decode
+from splitkv.bench.inputs import build_case
+from splitkv.bench.shapes import Shape
 from splitkv.bench.timing import time_graph
 from splitkv.plan import plan as make_plan
 
@@ -30,15 +32,8 @@ print(torch.cuda.get_device_name(), flush=True)
 
 @torch.no_grad()
 def case(B, L, Hq, Sq, page):
-    lens = torch.full((B,), L, dtype=torch.int32, device=dev)
-    q = torch.randn(B, Sq, Hq, D, device=dev, dtype=dt)
-    if page:
-        pages = -(-L // page)
-        k = torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt)
-        table = torch.randperm(B * pages, device=dev, dtype=torch.int32).view(B, pages)
-    else:
-        k, table = torch.randn(B, L, Hkv, D, device=dev, dtype=dt), None
-    v = torch.randn_like(k)
+    ts = build_case(Shape("probe", B, Hq, Hkv, D, (L,) * B, q_len=Sq, page_size=page or None), dt, dev).base
+    q, k, v, lens, table = ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, ts.block_table
     outs = []
     for be in ("cutlass", "triton"):
         p = make_plan(lens, Hq, Hkv, D, q_len=Sq, max_seqlen=L, paged=bool(page), dtype=dt, kv_dtype=dt, backend=be)

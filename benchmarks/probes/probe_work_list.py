@@ -25,6 +25,8 @@ import torch
 
 import splitkv.heuristics as H
 from splitkv.api import decode
+from splitkv.bench.inputs import build_case
+from splitkv.bench.shapes import Shape
 from splitkv.bench.timing import time_graph
 from splitkv.plan import plan as make_plan
 
@@ -50,20 +52,12 @@ def list_items(rule, batch):
 @torch.no_grad()
 def case(B, L, live, Hq, page):
     if live == "r":
-        lens = torch.logspace(10, 17, B, base=2).round().int()
+        lens = torch.logspace(10, 17, B, base=2).round().int().tolist()
     else:
-        lens = torch.zeros(B, dtype=torch.int32)
-        lens[:int(live)] = L
-    lens = lens.to(dev)
-    cap = int(lens.max())
-    q = torch.randn(B, 1, Hq, D, device=dev, dtype=dt)
-    if page:
-        pages = -(-cap // page)
-        k = torch.randn(B * pages, page, Hkv, D, device=dev, dtype=dt)
-        table = torch.randperm(B * pages, device=dev, dtype=torch.int32).view(B, pages)
-    else:
-        k, table = torch.randn(B, cap, Hkv, D, device=dev, dtype=dt), None
-    v = torch.randn_like(k)
+        lens = [L] * int(live) + [0] * (B - int(live))
+    cap = max(lens)
+    ts = build_case(Shape("probe", B, Hq, Hkv, D, tuple(lens), page_size=page or None), dt, dev).base
+    q, k, v, lens, table = ts.q, ts.k_cache, ts.v_cache, ts.cache_seqlens, ts.block_table
     outs = {}
     for be in a.backends.split(","):
         for mode, fn in (("grid", grid_items), ("list", list_items)):
