@@ -460,12 +460,21 @@ CUTLASS_FUSED_MERGE_MAX_SPLITS = MAX_SPLITS
 # 15.0 vs 11.5, 32K 56.0 vs 52.7; 32 rows B=1 32K 66.2 vs 56.6; 64 rows B=1 32K 145.7 vs 64.7, 128K
 # 285.2 vs 198.8, B=4 8K 129.9 vs 68.4, one prefix group's 64 query heads per KV head at 8K 106.1 vs 29.3.
 CUTLASS_FUSED_MERGE_MAX_ROWS = 8
+# ... and only where that CTA walks at most this many (row, split) partials, counting the splits a
+# request at the plan's length bound gets: the same data, by partials per merging CTA, put the line
+# between 64 (4 rows x 16 splits, fused ahead by 0.3-0.6 us; 8 rows x 4 splits at B=4, by 1.3) and
+# 128 (8 rows x 16 splits at B=1 GQA 64/8 and at GQA 32/8 Sq 2: the merge kernel ahead by 0.6-0.9).
+CUTLASS_FUSED_MERGE_MAX_PARTIALS = 64
 
 
-def cutlass_fuses_merge(max_splits: int, rows: int, block_m: int) -> bool:
+def cutlass_fuses_merge(max_splits: int, rows: int, block_m: int, splits_at_bound: int | None = None) -> bool:
     """Whether a CuTe split plan merges in its split kernel: some splits, at most
-    CUTLASS_FUSED_MERGE_MAX_SPLITS, and at most CUTLASS_FUSED_MERGE_MAX_ROWS rows in a tile."""
-    return 1 < max_splits <= CUTLASS_FUSED_MERGE_MAX_SPLITS and min(rows, block_m) <= CUTLASS_FUSED_MERGE_MAX_ROWS
+    CUTLASS_FUSED_MERGE_MAX_SPLITS, at most CUTLASS_FUSED_MERGE_MAX_ROWS rows in a tile, and at
+    most CUTLASS_FUSED_MERGE_MAX_PARTIALS rows x splits_at_bound (default max_splits) partials."""
+    rows = min(rows, block_m)
+    splits = max_splits if splits_at_bound is None else splits_at_bound
+    return (1 < max_splits <= CUTLASS_FUSED_MERGE_MAX_SPLITS and rows <= CUTLASS_FUSED_MERGE_MAX_ROWS
+            and rows * splits <= CUTLASS_FUSED_MERGE_MAX_PARTIALS)
 
 
 # A backend's unsplit tile (block_n 128) also serves split plans whose CTAs stream long chunks: a

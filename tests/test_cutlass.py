@@ -195,6 +195,7 @@ def test_every_split_variant_matches_reference(dtype, D, G, Sq, page, fused, mon
 
     monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_SPLITS", heuristics.MAX_SPLITS if fused else 1)
     monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_ROWS", heuristics.MAX_BLOCK_M)  # every tile may fuse
+    monkeypatch.setattr(heuristics, "CUTLASS_FUSED_MERGE_MAX_PARTIALS", heuristics.MAX_BLOCK_M * heuristics.MAX_SPLITS)
     lens = [0, 1, 17, 113, 2049]
     q, k, v, sl = make_inputs(5, Sq, 2 * G, 2, D, lens, dtype, "cuda", seed=D + G)
     kd, vd, bt = k, v, None
@@ -498,6 +499,14 @@ def test_fused_merge_is_chosen_by_the_heuristic_and_needs_counters(monkeypatch):
     for Sq, fuses in ((1, True), (2, True), (3, False), (4, False), (16, False)):  # 4 .. 64 packed rows
         p = splitkv.plan(sl, 8, 2, 128, q_len=Sq, num_splits=4, backend="cutlass")
         assert p.fuse == fuses, (Sq, p.tile, p.fuse)  # the merging CTA walks at most 8 rows
+    for Sq, splits, fuses in ((1, 16, True), (1, 17, False), (2, 8, True), (2, 9, False)):  # rows x splits <= 64
+        p = splitkv.plan(sl, 8, 2, 128, q_len=Sq, num_splits=splits, backend="cutlass")
+        assert p.fuse == fuses, (Sq, splits, p.fuse)
+    # auto plans count the splits a request at the length bound gets, not the grid's: B=1 GQA 64/8
+    # (8 rows) at 4K gets 16 splits on 132 SMs (the merge kernel), B=4 gets 4 (fused)
+    for B, fuses in ((1, False), (4, True)):
+        p = splitkv.plan(torch.full((B,), 4096, dtype=torch.int32), 64, 8, 128, backend="cutlass", num_sms=132)
+        assert p.max_splits == 16 and p.fuse == fuses, (B, p.max_splits, p.fuse)
 
 
 @needs_dsl
