@@ -521,6 +521,39 @@ def test_lean_path_takes_variants_keyed_by_their_values_and_tensors(kind, paged,
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif("cutlass" not in GPU_BACKENDS, reason="needs the CuTe DSL")
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("with_plan", [False, True])
+def test_cutlass_lean_path_binds_the_merge_kernel(paged, with_plan, monkeypatch):
+    """A CuTe plan that merges in the merge kernel (GQA 64/8 at 4K: 8 rows x 16 splits, past
+    heuristics.CUTLASS_FUSED_MERGE_MAX_PARTIALS) takes the lean path too, split and merge bound, with
+    and without sinks (which the merge joins to each row); results equal the full path's bitwise."""
+    import splitkv.backends.cutlass as cut
+
+    q, k, v, sl = make_inputs(1, 1, 64, 8, 128, [4000], BF16, "cuda", nan_tail=False, pad=96)  # Lmax 4096
+    kd, vd, bt = k, v, None
+    if paged:
+        k, v, bt = to_paged(k, v, [4096], 16)
+    sinks = torch.randn(64, generator=torch.Generator().manual_seed(5)).cuda()
+    kws = ({}, {"sinks": sinks})
+    plans = [splitkv.plan(sl, 64, 8, 128, backend="cutlass", paged=paged, max_seqlen=4096, **kw) if with_plan
+             else None for kw in kws]
+    for p in plans:
+        assert p is None or (p.max_splits == 16 and not p.fuse and p.tile.block_m == 16)
+    firsts = [splitkv.decode(q, k, v, sl, block_table=bt, backend="cutlass", plan=p, **kw)  # full: compiles, binds
+              for p, kw in zip(plans, kws)]
+    full_calls = []
+    run = cut.run
+    monkeypatch.setattr(cut, "run", lambda *a: full_calls.append(1) or run(*a))
+    for first, p, kw in zip(firsts, plans, kws):
+        assert torch.equal(splitkv.decode(q, k, v, sl, block_table=bt, backend="cutlass", plan=p, **kw), first)
+        ro, _ = decode_reference(q, kd, vd, sl, **kw)
+        assert (first.double() - ro).abs().max().item() < 2e-2
+    assert not full_calls, "a repeated call of an unfused CuTe plan took the full path"
+    assert not torch.equal(*firsts)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("with_plan", [False, True])
 def test_lean_path_with_out(backend, with_plan, monkeypatch):

@@ -20,6 +20,7 @@ _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.floa
 # the split kernel's leading pointer arguments: q, k, v, lens, num_splits, chunks, table, o_part,
 # lse_part, out, lse, counters, sinks, alibi, k_scales, v_scales (what a bound launch passes per call)
 N_POINTERS = 16
+MERGE_POINTERS = 6  # o_part, lse_part, num_splits, out, lse, sinks: the merge launch's leading arguments
 _KV_FP8 = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}  # SplitConfig.kv_fp8 of a cache dtype
 _PACKERS: dict[tuple[str, str], Packer] = {}
 
@@ -42,7 +43,7 @@ def fake_merge_args():
     import cutlass.cute as cute
     from cutlass import Int32, Int64
 
-    return [Int64(0)] * 6 + [Int32(0)] * 5 + [Int64(0)] * 14 + [cute.runtime.make_fake_stream()]
+    return [Int64(0)] * MERGE_POINTERS + [Int32(0)] * 5 + [Int64(0)] * 14 + [cute.runtime.make_fake_stream()]
 
 
 def build_split(cfg: SplitConfig):
@@ -230,9 +231,25 @@ def merge_(o_part, lse_part, num_splits, out, lse, *, skip_single=False, cfg: Me
     else:
         launch = compile_merge(cfg, arch)
     launch(o_part.data_ptr(), lse_part.data_ptr(), num_splits.data_ptr(), out.data_ptr(), lse.data_ptr(),
-           sinks.data_ptr() if sinks is not None else 0, S, B, H, T, int(skip_single),
-           *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1), out.stride(2), *lse.stride(),
+           sinks.data_ptr() if sinks is not None else 0, *_merge_scalars(o_part, lse_part, out, lse, skip_single),
            _stream(index))
+
+
+def _merge_scalars(o_part, lse_part, out, lse, skip_single) -> tuple:
+    """The merge launch's arguments after its pointers, before the stream."""
+    S, B, H, T, _ = o_part.shape
+    return (S, B, H, T, int(skip_single), *o_part.stride()[:4], *lse_part.stride(), out.stride(0), out.stride(1),
+            out.stride(2), *lse.stride())
+
+
+def _bound_merge(plan, out, lse):
+    """comb(stream, o_part, lse_part, num_splits, out, lse, sinks pointers): the plan's merge launch
+    (skip_single) with its scalars bound for calls laid out as out / lse; None where only merge_ can
+    launch (the DSL's own packing)."""
+    o_part = plan.o_part
+    launch = _merge_launcher(_DTYPE_NAMES[o_part.dtype], _DTYPE_NAMES[out.dtype], o_part.shape[-1],
+                             _arch(out.device.index))
+    return launch.bind(_merge_scalars(o_part, plan.lse_part, out, lse, True), MERGE_POINTERS)
 
 
 def run(q, k_cache, v_cache, cache_seqlens, block_table, plan, o_part, lse_part, out, lse, scale, causal,
@@ -297,11 +314,12 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
     passed per call)
     for calls laid out as this one, which run() has launched (checked, compiled) already, with
     16-byte aligned pointers (the caller checks each call's); None where only run() can launch
-    (another current device, a merge launch to follow, the DSL's own packing)."""
+    (another current device, the DSL's own packing). Where the merge is not fused, the launch
+    runs the split kernel, then the merge kernel, both bound."""
     if q.shape[0] == 0 or q.device.index != torch.cuda.current_device():
         return None
     hit = plan.launches.entries.get(_call_key(q, k_cache, v_cache, block_table, out, scale, causal, 0, 0, variant))
-    if hit is None or (plan.o_part is not None and not plan.fuse):
+    if hit is None:
         return None
     split = hit[0].bind(hit[1], N_POINTERS)
     if split is None:
@@ -312,9 +330,21 @@ def bind(q, k_cache, v_cache, cache_seqlens, block_table, plan, out, lse, scale,
             split(stream, qp, kp, vp, lens, ns, ch, bt, o, lse_p, o, lse_p, 0, *(vptrs or (0, 0, 0, 0)))
 
         return launch
-    op, lp, cnt = plan.o_part.data_ptr(), plan.lse_part.data_ptr(), plan.counters.data_ptr()
+    op, lp = plan.o_part.data_ptr(), plan.lse_part.data_ptr()
+    if plan.fuse:
+        cnt = plan.counters.data_ptr()
+
+        def launch(stream, qp, kp, vp, lens, bt, o, lse_p, vptrs=None):
+            split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt, *(vptrs or (0, 0, 0, 0)))
+
+        return launch
+    comb = _bound_merge(plan, out, lse)
+    if comb is None:
+        return None
 
     def launch(stream, qp, kp, vp, lens, bt, o, lse_p, vptrs=None):
-        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, cnt, *(vptrs or (0, 0, 0, 0)))
+        vt = vptrs or (0, 0, 0, 0)
+        split(stream, qp, kp, vp, lens, ns, ch, bt, op, lp, o, lse_p, 0, *vt)
+        comb(stream, op, lp, ns, o, lse_p, vt[0])  # vt[0]: the sinks, joined to each row by the merge
 
     return launch
