@@ -509,6 +509,61 @@ def test_fused_merge_is_chosen_by_the_heuristic_and_needs_counters(monkeypatch):
         assert p.max_splits == 16 and p.fuse == fuses, (B, p.max_splits, p.fuse)
 
 
+class _Recorder:
+    """A compiled launcher's stand-in: calls and bound calls append (name, arguments) to a log."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __call__(self, *args):
+        self.log.append((self.name, args))
+
+    def bind(self, fixed, n_pointers):
+        def launch(stream, *pointers):
+            assert len(pointers) == n_pointers
+            self.log.append((self.name, (*pointers, *fixed, stream)))
+
+        return launch
+
+
+@needs_dsl
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_bound_launch_of_an_unfused_plan_runs_split_then_merge_as_the_checked_path(monkeypatch, paged, sinks):
+    """A plan whose merge is not fused binds both launches for the lean path (cutlass.bind), and the
+    bound pair hands the kernels exactly what the checked path (split, then merge_) hands them."""
+    from splitkv.backends.cutlass import launch
+
+    log = []
+    monkeypatch.setattr(launch, "_arch", lambda index: "sm_90a")
+    monkeypatch.setattr(launch, "_device_index", lambda t: 0)
+    monkeypatch.setattr(launch, "_stream", lambda index: 7)
+    monkeypatch.setattr(launch, "_split_launcher", lambda *key: _Recorder(log, "split"))
+    monkeypatch.setattr(launch, "_merge_launcher", lambda *key: _Recorder(log, "merge"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # CPU tensors: device index None
+    q, k, v, sl, bt, _, _, _, out, lse = _split_case(paged)
+    with H.tile_override(fused_merge=False):
+        p = splitkv.plan(sl, 12, 2, 64, q_len=3, num_splits=3, backend="cutlass", paged=paged)
+    assert not p.fuse and p.counters is None
+    o_part, lse_part = p.partials()
+    var = None
+    if sinks:
+        from splitkv.variants import make
+
+        var = make((-1, -1), 0.0, torch.randn(12), None, num_q_heads=12, device=q.device)
+    launch._run(q, k, v, sl, bt, p, o_part, lse_part, out, lse, 0.125, True, var)
+    checked = list(log)
+    assert [name for name, _ in checked] == ["split", "merge"]
+    assert checked[0][1][11] == 0 and checked[1][1][5] == (var.sinks.data_ptr() if sinks else 0)
+    bound = launch.bind(q, k, v, sl, bt, p, out, lse, 0.125, True, variant=var)
+    assert bound is not None, "an unfused plan fell off the lean path"
+    log.clear()
+    table = (bt if paged else sl).data_ptr()
+    bound(7, q.data_ptr(), k.data_ptr(), v.data_ptr(), sl.data_ptr(), table, out.data_ptr(), lse.data_ptr(),
+          var.pointers() if sinks else None)
+    assert log == checked
+
+
 @needs_dsl
 @pytest.mark.parametrize("paged", [False, True])
 def test_bound_launch_passes_what_the_checked_launch_passes(monkeypatch, paged):
