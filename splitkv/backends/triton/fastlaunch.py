@@ -22,7 +22,7 @@ ctypes, skipping the launcher's per-call parse of ~60 Python arguments. It reads
 types off the compiled signature (`kernel.src.signature`, what Triton's launcher is generated
 from: constexprs, ints specialised to 1 included, are not parameters) and declines (None: direct()
 as before) for anything it does not model: another parameter type, clusters, cooperative or PDL
-launches, scratch memory.
+launches, scratch memory. SPLITKV_TRITON_DRIVER_LAUNCH=0 (read at import) turns it off.
 
 `Bound` goes one step further for a caller that can name its own key cheaply (a plan: its shapes
 and workspace are fixed, so the strides of the call's tensors and their alignment are the key):
@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 import torch
+
+DRIVER_LAUNCH = os.environ.get("SPLITKV_TRITON_DRIVER_LAUNCH", "1") != "0"
 
 # parameter types of a compiled signature -> ctypes (Triton's ty_to_cpp; floats as their storage)
 _SCALARS = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
@@ -162,7 +165,7 @@ def driver_launch(kernel, gx: int, gy: int, tail: tuple):
     docstring), or None where this does not model the kernel's launch."""
     runner, meta = kernel.run, kernel.metadata
     sig = getattr(getattr(kernel, "src", None), "signature", None)
-    cu = _cu_launch_kernel()
+    cu = _cu_launch_kernel() if DRIVER_LAUNCH else None
     if (cu is None or not isinstance(sig, dict) or getattr(meta, "num_ctas", 1) != 1
             or getattr(runner, "launch_cooperative_grid", True) or getattr(runner, "launch_pdl", True)):
         return None
