@@ -462,6 +462,7 @@ def test_driver_launch_passes_what_the_compiled_signature_declares(monkeypatch):
     from splitkv.backends.triton import fastlaunch
 
     calls = []
+    monkeypatch.setattr(fastlaunch, "DRIVER_LAUNCH", True)
     monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: calls.append(a) or 0)
     sig = {"q": "*bf16", "k": "*bf16", "lens": "*i32", "scale": "fp32", "one": "constexpr", "s0": "i32",
            "big": "i64", "flag": "i1", "BLOCK": "constexpr"}
@@ -480,6 +481,7 @@ def test_driver_launch_passes_what_the_compiled_signature_declares(monkeypatch):
 def test_driver_launch_declines_what_it_does_not_model(monkeypatch):
     from splitkv.backends.triton import fastlaunch
 
+    monkeypatch.setattr(fastlaunch, "DRIVER_LAUNCH", True)
     monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: 0)
     ok = {"q": "*bf16", "s": "i32"}
     assert fastlaunch.driver_launch(_Kernel(ok), 1, 1, (5,)) is not None
@@ -489,6 +491,9 @@ def test_driver_launch_declines_what_it_does_not_model(monkeypatch):
     pdl.run = type("R", (), {"launch_cooperative_grid": False, "launch_pdl": True})()
     assert fastlaunch.driver_launch(pdl, 1, 1, (5,)) is None
     monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: None)  # no driver library
+    assert fastlaunch.driver_launch(_Kernel(ok), 1, 1, (5,)) is None
+    monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: 0)
+    monkeypatch.setattr(fastlaunch, "DRIVER_LAUNCH", False)  # the default (SPLITKV_TRITON_DRIVER_LAUNCH unset)
     assert fastlaunch.driver_launch(_Kernel(ok), 1, 1, (5,)) is None
 
 
@@ -522,7 +527,9 @@ def test_lean_path_is_taken_and_exact(backend, paged, with_plan, monkeypatch):
         o, lse = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend, plan=p, return_lse=True)
         assert_close_to_reference(o, lse, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
     assert not full_calls
-    if backend == "triton" and p is not None:  # both launches through cuLaunchKernel (fastlaunch.driver_launch)
+    from splitkv.backends.triton import fastlaunch
+
+    if backend == "triton" and p is not None and fastlaunch.DRIVER_LAUNCH:  # through cuLaunchKernel (driver_launch)
         assert p.launches.entries and all(hasattr(e[2], "keep") for e in p.launches.entries.values())
     if backend == "triton":  # a misaligned q (a view one element in) is the full path's
         qq = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)

@@ -22,7 +22,9 @@ ctypes, skipping the launcher's per-call parse of ~60 Python arguments. It reads
 types off the compiled signature (`kernel.src.signature`, what Triton's launcher is generated
 from: constexprs, ints specialised to 1 included, are not parameters) and declines (None: direct()
 as before) for anything it does not model: another parameter type, clusters, cooperative or PDL
-launches, scratch memory. SPLITKV_TRITON_DRIVER_LAUNCH=0 (read at import) turns it off.
+launches, scratch memory. Off unless SPLITKV_TRITON_DRIVER_LAUNCH=1 (read at import): its packing is
+CPU-tested against a recorded driver call, but it has not yet run on a GPU (to do: the GPU tests and
+`python -m splitkv bench --host-breakdown` with the variable at 0 and at 1, in one call).
 
 `Bound` goes one step further for a caller that can name its own key cheaply (a plan: its shapes
 and workspace are fixed, so the strides of the call's tensors and their alignment are the key):
@@ -37,7 +39,7 @@ import os
 
 import torch
 
-DRIVER_LAUNCH = os.environ.get("SPLITKV_TRITON_DRIVER_LAUNCH", "1") != "0"
+DRIVER_LAUNCH = os.environ.get("SPLITKV_TRITON_DRIVER_LAUNCH", "0") not in ("", "0")
 
 # parameter types of a compiled signature -> ctypes (Triton's ty_to_cpp; floats as their storage)
 _SCALARS = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
