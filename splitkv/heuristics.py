@@ -464,6 +464,11 @@ CUTLASS_FUSED_MERGE_MAX_ROWS = 8
 # request at the plan's length bound gets: the same data, by partials per merging CTA, put the line
 # between 64 (4 rows x 16 splits, fused ahead by 0.3-0.6 us; 8 rows x 4 splits at B=4, by 1.3) and
 # 128 (8 rows x 16 splits at B=1 GQA 64/8 and at GQA 32/8 Sq 2: the merge kernel ahead by 0.6-0.9).
+# Checked on 13 cases (H100, graph replay, results/2026-12-07-h100-merge-bind/, probe_fused_merge_rows.py):
+# merge kernel ahead past 64 at 8 x 16 (B=1 GQA 64/8 4K / 32K / 128K: 10.6 vs 11.4, 50.8 vs 51.3, 175.2
+# vs 176.3; paged 11.5 vs 12.0; Sq 2 10.8 vs 11.4), 8 x 32 (GQA 32/4 32K 30.4 vs 33.2), 4 x 64 (8/2 32K
+# 15.7 vs 16.6); fused ahead at 4 x 16 (9.5 vs 10.0) and 8 x 4 (30.2 vs 31.8); one row against, 4 x 33
+# (GQA 32/8 paged 128K: fused 180.3 vs 181.7; its 32K twin 52.7 vs 52.3).
 CUTLASS_FUSED_MERGE_MAX_PARTIALS = 64
 
 
