@@ -472,14 +472,15 @@ CUTLASS_FUSED_MERGE_MAX_ROWS = 8
 CUTLASS_FUSED_MERGE_MAX_PARTIALS = 64
 
 
-def cutlass_fuses_merge(max_splits: int, rows: int, block_m: int, splits_at_bound: int | None = None) -> bool:
+def cutlass_fuses_merge(rule: "SplitRule", rows: int, block_m: int, batch: int, bound: int) -> bool:
     """Whether a CuTe split plan merges in its split kernel: some splits, at most
     CUTLASS_FUSED_MERGE_MAX_SPLITS, at most CUTLASS_FUSED_MERGE_MAX_ROWS rows in a tile, and at
-    most CUTLASS_FUSED_MERGE_MAX_PARTIALS rows x splits_at_bound (default max_splits) partials."""
+    most CUTLASS_FUSED_MERGE_MAX_PARTIALS rows x the splits a request `bound` long gets in a batch
+    of `batch` (uniform_schedule, asked only once the cheap checks pass)."""
     rows = min(rows, block_m)
-    splits = max_splits if splits_at_bound is None else splits_at_bound
-    return (1 < max_splits <= CUTLASS_FUSED_MERGE_MAX_SPLITS and rows <= CUTLASS_FUSED_MERGE_MAX_ROWS
-            and rows * splits <= CUTLASS_FUSED_MERGE_MAX_PARTIALS)
+    if not (1 < rule.max_splits <= CUTLASS_FUSED_MERGE_MAX_SPLITS and rows <= CUTLASS_FUSED_MERGE_MAX_ROWS):
+        return False
+    return rows * uniform_schedule(rule, batch, bound)[0] <= CUTLASS_FUSED_MERGE_MAX_PARTIALS
 
 
 # A backend's unsplit tile (block_n 128) also serves split plans whose CTAs stream long chunks: a

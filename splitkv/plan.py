@@ -302,8 +302,8 @@ def build(prob: validate.Problem, device, *, backend: str = "auto", num_splits: 
                                    batch_invariant)
         block_n, stages = H.cutlass_tile(prob.head_dim, splitting and not whole, paged, prob.kv_fp8, waves)
         tile = H.TileConfig(tile.block_m, block_n, tile.num_warps, stages)
-        fuse = H.cutlass_fuses_merge(rule.max_splits, prob.qhead_per_kvhead * prob.q_len, tile.block_m,
-                                     H.uniform_schedule(rule, prob.batch, prob.max_seqlen)[0])
+        fuse = H.cutlass_fuses_merge(rule, prob.qhead_per_kvhead * prob.q_len, tile.block_m, prob.batch,
+                                     prob.max_seqlen)
     else:
         t = H.tile_config(prob.head_dim, prob.qhead_per_kvhead * prob.q_len, splitting=splitting and not whole,
                           kv_fp8=prob.kv_fp8)
