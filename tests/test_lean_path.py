@@ -487,6 +487,11 @@ def test_driver_launch_declines_what_it_does_not_model(monkeypatch):
     assert fastlaunch.driver_launch(_Kernel(ok), 1, 1, (5,)) is not None
     assert fastlaunch.driver_launch(_Kernel({"q": "*bf16", "s": "fp16"}), 1, 1, (0.5,)) is None  # a type it lacks
     assert fastlaunch.driver_launch(_Kernel(ok), 1, 1, (5, 6)) is None  # arguments that do not fit the signature
+    calls = []
+    monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: calls.append(a) or 1)
+    fastlaunch.driver_launch(_Kernel(ok), 0, 1, (5,))(99, 0x1000)  # an empty grid: no launch, as Triton's launcher
+    assert calls == []
+    monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: 0)
     pdl = _Kernel(ok)
     pdl.run = type("R", (), {"launch_cooperative_grid": False, "launch_pdl": True})()
     assert fastlaunch.driver_launch(pdl, 1, 1, (5,)) is None

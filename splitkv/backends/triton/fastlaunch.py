@@ -177,6 +177,13 @@ def driver_launch(kernel, gx: int, gy: int, tail: tuple):
     pointers, params, kept, n_ptr = slots
     fn, threads, smem = kernel.function, 32 * meta.num_warps, meta.shared
 
+    if gx * gy == 0:  # Triton's launcher skips an empty grid; cuLaunchKernel would reject it
+        def launch(stream, *ptrs):
+            return None
+
+        launch.keep = (pointers, kept)
+        return launch
+
     def launch(stream, *ptrs):
         pointers[:n_ptr] = ptrs
         err = cu(fn, gx, gy, 1, threads, 1, 1, smem, stream, params, None)
