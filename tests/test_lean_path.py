@@ -635,6 +635,28 @@ def test_cutlass_lean_path_binds_the_merge_kernel(paged, with_plan, monkeypatch)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_batch_invariant_plan_and_call_take_the_lean_path(backend, monkeypatch):
+    """batch_invariant=True passed to both plan() and decode() (the plan's own mode) binds like any
+    plan; the same flag with a plan that is not batch-invariant is still refused."""
+    import importlib
+
+    q, k, v, sl = make_inputs(3, 1, 32, 8, 128, [3000, 700, 1], BF16, "cuda", nan_tail=False, pad=400)
+    p = splitkv.plan(sl, 32, 8, 128, backend=backend, batch_invariant=True, max_seqlen=3400)
+    first = splitkv.decode(q, k, v, sl, backend=backend, plan=p, batch_invariant=True)
+    module = importlib.import_module(f"splitkv.backends.{backend}")
+    full_calls = []
+    run = module.run
+    monkeypatch.setattr(module, "run", lambda *a: full_calls.append(1) or run(*a))
+    assert torch.equal(splitkv.decode(q, k, v, sl, backend=backend, plan=p, batch_invariant=True), first)
+    assert torch.equal(splitkv.decode(q, k, v, sl, backend=backend, plan=p), first)
+    assert not full_calls, "a batch-invariant plan's call took the full path"
+    with pytest.raises(ValueError, match="batch_invariant"):
+        splitkv.decode(q, k, v, sl, backend=backend, plan=splitkv.plan(sl, 32, 8, 128, backend=backend,
+                                                                         max_seqlen=3400), batch_invariant=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("with_plan", [False, True])
 def test_lean_path_with_out(backend, with_plan, monkeypatch):
     """out= takes the lean path when it is a contiguous tensor like q, also when every call of the
