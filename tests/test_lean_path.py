@@ -426,82 +426,6 @@ def _cuda_bindings() -> bool:
     return True
 
 
-# --- Triton kernels launched through cuLaunchKernel with a parameter array built once --------------
-
-class _Src:
-    def __init__(self, signature):
-        self.signature = signature
-
-
-class _Meta:
-    num_ctas, num_warps, shared = 1, 4, 12345
-
-
-class _Runner:
-    launch_cooperative_grid, launch_pdl = False, False
-
-
-class _Kernel:
-    def __init__(self, signature):
-        self.src, self.metadata, self.run, self.function = _Src(signature), _Meta(), _Runner(), 0xABC
-
-
-def _read_params(params, types):
-    import ctypes
-
-    from splitkv.backends.triton.fastlaunch import _SCALARS
-
-    return [ctypes.cast(params[i], ctypes.POINTER(_SCALARS.get(ty, ctypes.c_uint64))).contents.value
-            for i, ty in enumerate(types)]
-
-
-def test_driver_launch_passes_what_the_compiled_signature_declares(monkeypatch):
-    """The parameter array holds the call's pointers, then every non-constexpr scalar in signature
-    order with its declared width (an int specialised to 1 and the constexprs are no parameter),
-    then Triton's two NULL scratch pointers; each launch writes only the pointers."""
-    from splitkv.backends.triton import fastlaunch
-
-    calls = []
-    monkeypatch.setattr(fastlaunch, "DRIVER_LAUNCH", True)
-    monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: calls.append(a) or 0)
-    sig = {"q": "*bf16", "k": "*bf16", "lens": "*i32", "scale": "fp32", "one": "constexpr", "s0": "i32",
-           "big": "i64", "flag": "i1", "BLOCK": "constexpr"}
-    tail = (0.125, 1, 4096, 3 << 33, True, 64)
-    launch = fastlaunch.driver_launch(_Kernel(sig), 7, 3, tail)
-    assert launch is not None
-    launch(99, 0x1000, 0x2000, 0x3000)
-    launch(98, 0x1100, 0x2100, 0x3100)
-    fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra = calls[-1]
-    assert (fn, gx, gy, gz, bx, by, bz, smem, stream, extra) == (0xABC, 7, 3, 1, 128, 1, 1, 12345, 98, None)
-    types = ["*", "*", "*", "fp32", "i32", "i64", "i1", "*", "*"]
-    assert len(calls) == 2 and calls[0][9] is params  # one array, rewritten in place
-    assert _read_params(params, types) == [0x1100, 0x2100, 0x3100, 0.125, 4096, 3 << 33, 1, 0, 0]
-
-
-def test_driver_launch_declines_what_it_does_not_model(monkeypatch):
-    from splitkv.backends.triton import fastlaunch
-
-    monkeypatch.setattr(fastlaunch, "DRIVER_LAUNCH", True)
-    monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: 0)
-    ok = {"q": "*bf16", "s": "i32"}
-    assert fastlaunch.driver_launch(_Kernel(ok), 1, 1, (5,)) is not None
-    assert fastlaunch.driver_launch(_Kernel({"q": "*bf16", "s": "fp16"}), 1, 1, (0.5,)) is None  # a type it lacks
-    assert fastlaunch.driver_launch(_Kernel(ok), 1, 1, (5, 6)) is None  # arguments that do not fit the signature
-    calls = []
-    monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: calls.append(a) or 1)
-    fastlaunch.driver_launch(_Kernel(ok), 0, 1, (5,))(99, 0x1000)  # an empty grid: no launch, as Triton's launcher
-    assert calls == []
-    monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: 0)
-    pdl = _Kernel(ok)
-    pdl.run = type("R", (), {"launch_cooperative_grid": False, "launch_pdl": True})()
-    assert fastlaunch.driver_launch(pdl, 1, 1, (5,)) is None
-    monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: None)  # no driver library
-    assert fastlaunch.driver_launch(_Kernel(ok), 1, 1, (5,)) is None
-    monkeypatch.setattr(fastlaunch, "_cu_launch_kernel", lambda: lambda *a: 0)
-    monkeypatch.setattr(fastlaunch, "DRIVER_LAUNCH", False)  # the default (SPLITKV_TRITON_DRIVER_LAUNCH unset)
-    assert fastlaunch.driver_launch(_Kernel(ok), 1, 1, (5,)) is None
-
-
 # --- the lean path: the second call of a signature launches through the bound launcher ---------------
 
 @pytest.mark.gpu
@@ -532,10 +456,6 @@ def test_lean_path_is_taken_and_exact(backend, paged, with_plan, monkeypatch):
         o, lse = splitkv.decode(q, k, v, sl, block_table=bt, backend=backend, plan=p, return_lse=True)
         assert_close_to_reference(o, lse, q, k, v, sl, block_table=bt, lowp_k=kd, lowp_v=vd)
     assert not full_calls
-    from splitkv.backends.triton import fastlaunch
-
-    if backend == "triton" and p is not None and fastlaunch.DRIVER_LAUNCH:  # through cuLaunchKernel (driver_launch)
-        assert p.launches.entries and all(hasattr(e[2], "keep") for e in p.launches.entries.values())
     if backend == "triton":  # a misaligned q (a view one element in) is the full path's
         qq = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape)
         qq.copy_(q)
