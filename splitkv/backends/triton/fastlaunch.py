@@ -15,8 +15,9 @@ take the JIT path every time, which is always correct).
 query, ~12 per split launch) and everything else bound once. It exists only for kernels that need
 no global or profile scratch (ours), where the Python `CudaLauncher.__call__` adds nothing.
 Below it, cuLaunchKernel through ctypes with a parameter array built once measured slower on an
-H100 host (2026-12-07, `bench --host-breakdown`: Triton's bound launch 14.5 us with this C launch,
-19.3 with ctypes; the ctypes call and the pointer writes cost more than the launcher's argument parse).
+H100 host (2026-12-07, `bench --host-breakdown`, a plan's bound split + merge launches: 14.5 us
+through this C function, 19.3 through ctypes; the ctypes call and the pointer writes cost more than
+the launcher's argument parse; benchmarks/NOTES.md #79).
 
 `Bound` goes one step further for a caller that can name its own key cheaply (a plan: its shapes
 and workspace are fixed, so the strides of the call's tensors and their alignment are the key):
