@@ -568,8 +568,10 @@ def test_batch_invariant_plan_and_call_take_the_lean_path(backend, monkeypatch):
     run = module.run
     monkeypatch.setattr(module, "run", lambda *a: full_calls.append(1) or run(*a))
     assert torch.equal(splitkv.decode(q, k, v, sl, backend=backend, plan=p, batch_invariant=True), first)
-    assert torch.equal(splitkv.decode(q, k, v, sl, backend=backend, plan=p), first)
+    o, lse = splitkv.decode(q, k, v, sl, backend=backend, plan=p, return_lse=True)
     assert not full_calls, "a batch-invariant plan's call took the full path"
+    assert torch.equal(o, first)
+    assert_close_to_reference(o, lse, q, k, v, sl)
     with pytest.raises(ValueError, match="batch_invariant"):
         splitkv.decode(q, k, v, sl, backend=backend, plan=splitkv.plan(sl, 32, 8, 128, backend=backend,
                                                                          max_seqlen=3400), batch_invariant=True)
