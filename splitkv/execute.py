@@ -179,7 +179,7 @@ def decode_eager(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal
     if prob is not None and prob.kv_fp8 and variant.k_scale is None:
         raise ValueError(f"k_scale: required with a {k_cache.dtype} cache (with v_scale: floats, or float32 [Hkv])")
     lean = (prob is not None and not DEBUG and not debug.active()
-            and (plan is None or (type(plan) is DecodePlan and (plan.batch_invariant or not batch_invariant))))
+            and (plan is None or (type(plan) is DecodePlan and plan.admits(batch_invariant))))
     if lean:
         res = _lean(q, k_cache, v_cache, cache_seqlens, block_table, plan, return_lse, batch_invariant, prob.memo,
                     out, variant)

@@ -215,8 +215,13 @@ class DecodePlan:
             runs = f"forces {self.forced} splits" if self.forced is not None else "chooses its split counts"
             raise ValueError(f"num_splits: the plan {runs} (a count past what the longest request can use is cut "
                              f"to it), so pass num_splits to splitkv.plan(...) only, not together with plan=")
-        if batch_invariant and not self.batch_invariant:
+        if not self.admits(batch_invariant):
             raise ValueError("batch_invariant: pass it to splitkv.plan(...), not together with plan=")
+
+    def admits(self, batch_invariant: bool) -> bool:
+        """Whether a call's batch_invariant flag fits this plan: a batch-invariant plan takes either, another only False
+        (check_options raises where it does not; the lean path in execute.decode_eager falls back to it)."""
+        return self.batch_invariant or not batch_invariant
 
     def check_variant(self, variant: Variant) -> None:
         if variant.key() != self.variant_key:
