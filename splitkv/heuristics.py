@@ -121,6 +121,8 @@ MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
 # did not help and was dropped): 16-33 splits still lose (B=1 GQA 4K 15.2 vs 11.6 us, 32K 46.8 vs
 # 40.1, 128K 134.6 vs 127.8), and at 8 splits the merge kernel led (B=1 MHA 4K 22.7 vs 24.2; eager
 # 32.0 vs 32.2): the 8 stays on the 2026-11-29 evidence until a same-run A/B at B=4 GQA 4K says more.
+# Eager calls too (H100, 2026-12-07, results/2026-12-07-h100-triton-fuse): fusing B=1 GQA 4K's 16 splits
+# saves 7.8 us of host per call (one launch) but costs 6.8 us of GPU time, and the eager call is 5 us slower.
 FUSED_MERGE_MAX_SPLITS = 8
 
 # Notional SM count when planning for a CPU tensor (torch backend): it runs all splits as one
