@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # One H200 call: GPU tests, demo, benchmarks; everything lands under $OUT.
 #   run: [".whl"] carried;  command: bash benchmarks/gpu_run.sh [tests|sanitizer|demo|bench|host|tune|variants|hf|serve|fp8|all ...]
-#   BENCH_ARGS overrides the bench's suite/providers (default: $BENCH_DEFAULT below)
+#   BENCH_ARGS overrides the bench's suite/providers (default: $BENCH_DEFAULT below); GPU_CARD=H200: only on that card
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# GPU_CARD=H200: run nothing unless the card's name holds that text (a lent machine may be another
+# card than the one asked for, and numbers meant for the H200 are wasted device time on it)
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+if [[ -n "${GPU_CARD:-}" && "$card" != *"$GPU_CARD"* ]]; then echo "GPU_CARD=$GPU_CARD: this card is '$card', nothing run"; exit 0; fi
 [ -f .whl/env.sh ] && . .whl/env.sh
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
