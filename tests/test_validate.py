@@ -184,3 +184,16 @@ def test_plan_for_another_device():
     object.__setattr__(p, "device", torch.device("meta"))  # stands in for a plan made on a GPU
     with pytest.raises(ValueError, match="plan"):
         splitkv.decode(q, k, v, sl, plan=p)
+
+
+def test_signature_keeps_devices_apart():
+    """A call validated once is remembered by its signature: the same shapes with a tensor on
+    another device (here a meta cache beside CPU ones) is another signature, checked again."""
+    q, k, v, sl = _ok()
+    splitkv.decode(q, k, v, sl, backend="torch")  # remembered
+    sig = validate._signature(q, k, v, sl, None, None, None, "torch")
+    assert sig != validate._signature(q, k.to("meta"), v, sl, None, None, None, "torch")
+    with pytest.raises(ValueError, match="k_cache"):
+        splitkv.decode(q, k.to("meta"), v, sl, backend="torch")
+    if torch.cuda.is_available():  # a CUDA tensor's device enters as its index, never equal to a torch.device
+        assert sig != validate._signature(q, k.cuda(), v, sl, None, None, None, "torch")
