@@ -6,8 +6,10 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # GPU_CARD=H200: run nothing unless the card's name holds that text (a lent machine may be another
 # card than the one asked for, and numbers meant for the H200 are wasted device time on it)
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-if [[ -n "${GPU_CARD:-}" && "$card" != *"$GPU_CARD"* ]]; then echo "GPU_CARD=$GPU_CARD: this card is '$card', nothing run"; exit 0; fi
+if [[ -n "${GPU_CARD:-}" ]]; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  if [[ "$card" != *"$GPU_CARD"* ]]; then echo "GPU_CARD=$GPU_CARD: this card is '$card', nothing run"; exit 0; fi
+fi
 [ -f .whl/env.sh ] && . .whl/env.sh
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
