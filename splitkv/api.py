@@ -52,18 +52,18 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
     tensor) or float32 [Hkv] tensors (per KV head). Torch and triton: every head dim and variant;
     cutlass: head dims 128 / 256 with the window and sinks, not softcap or ALiBi.
     """
+    compiling = torch.compiler.is_compiling()
     if (window_size is _NO_WINDOW or window_size is None or window_size == _NO_WINDOW) and sinks is None \
             and alibi_slopes is None and type(softcap) in (float, int) and softcap == 0 and k_scale is None \
             and v_scale is None:
         variant = V.PLAIN
-    else:
-        validate.check_tensors(q, k_cache, v_cache, cache_seqlens)  # before the variant reads their shapes
-        variant = V.make(window_size, softcap, sinks, alibi_slopes, num_q_heads=q.shape[2], device=q.device,
-                         k_scale=k_scale, v_scale=v_scale, kv_dtype=k_cache.dtype,
-                         num_kv_heads=k_cache.shape[2] if k_cache.dim() == 4 else -1)
-        if variant.plain:  # e.g. window_size=[-1, -1]: the plain call, lean path included
-            variant = V.PLAIN
-    if torch.compiler.is_compiling():
+    else:  # an eager call with scalar options only reuses the Variant its options made before
+        key = (V.scalar_key(window_size, softcap, k_scale, v_scale, k_cache.dtype)
+               if sinks is None and alibi_slopes is None and not compiling and isinstance(k_cache, torch.Tensor)
+               else None)
+        variant = V.cached_scalar(key, lambda: _make_variant(q, k_cache, v_cache, cache_seqlens, window_size, softcap,
+                                                            sinks, alibi_slopes, k_scale, v_scale))
+    if compiling:
         if plan is not None:  # the plan's checks, backend and split rule; the op schedules on the device
             backend, num_splits, batch_invariant = _traced_plan(plan, q, k_cache, block_table, backend, num_splits,
                                                                 batch_invariant, variant)
@@ -82,6 +82,15 @@ def decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, *
                                 softmax_scale=softmax_scale, num_splits=num_splits, return_lse=return_lse,
                                 out=out, plan=plan, backend=backend, batch_invariant=batch_invariant,
                                 variant=variant)
+
+
+def _make_variant(q, k_cache, v_cache, cache_seqlens, window_size, softcap, sinks, alibi_slopes, k_scale, v_scale):
+    """decode's variant options checked into a Variant (PLAIN for options that change nothing)."""
+    validate.check_tensors(q, k_cache, v_cache, cache_seqlens)  # before the variant reads their shapes
+    variant = V.make(window_size, softcap, sinks, alibi_slopes, num_q_heads=q.shape[2], device=q.device,
+                     k_scale=k_scale, v_scale=v_scale, kv_dtype=k_cache.dtype,
+                     num_kv_heads=k_cache.shape[2] if k_cache.dim() == 4 else -1)
+    return V.PLAIN if variant.plain else variant  # e.g. window_size=[-1, -1]: the plain call, lean path included
 
 
 def _traced_plan(plan, q, k_cache, block_table, backend, num_splits, batch_invariant, variant):

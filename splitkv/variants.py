@@ -28,6 +28,7 @@ the sink enters where the splits are merged (once per row), never in a split's p
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -71,9 +72,17 @@ class Variant:
 
     def kernel_key(self) -> tuple:
         """What a bound kernel launch depends on: key() and the per-tensor fp8 scales it folds in."""
+        return self._kernel_key
+
+    @functools.cached_property
+    def _kernel_key(self) -> tuple:  # the fields never change: made once per Variant (a lean call reads it)
         if self.fp8 == "tensor":
             return (*self.key(), self.k_scale, self.v_scale)
         return self.key()
+
+    @functools.cached_property
+    def _no_tensors(self) -> bool:
+        return self.sinks is None and self.alibi_slopes is None and self.fp8 != "head"
 
     def tensors(self) -> tuple:
         """(sinks, alibi_slopes, k_scale, v_scale) as kernels take them: a tensor or None (per-tensor
@@ -84,6 +93,8 @@ class Variant:
     def pointers(self) -> tuple | None:
         """tensors() as data pointers (0 for None), what a bound launch takes per call; None when one
         is not 16-byte aligned (the kernels are specialised for aligned pointers)."""
+        if self._no_tensors:
+            return _NO_POINTERS
         ptrs = tuple(t.data_ptr() if t is not None else 0 for t in self.tensors())
         return None if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15 else ptrs
 
@@ -100,6 +111,12 @@ class Variant:
 
 PLAIN = Variant()
 PLAIN_KEY = PLAIN.key()
+_NO_POINTERS = (0, 0, 0, 0)
+# checked Variants of calls whose options are all Python scalars (window, softcap, per-tensor fp8
+# scales): such a Variant depends on those values and the cache dtype only, so a
+# repeated call (every layer of every step) skips make()'s checks (~10-18 us of host on the CPU)
+_SCALAR_VARIANTS: dict = {}
+_SCALAR_VARIANTS_MAX = 256
 
 
 def first_key(seqlens: torch.Tensor, q_len: int, window_left: int) -> torch.Tensor:
@@ -169,3 +186,29 @@ def make(window_size=(-1, -1), softcap=0.0, sinks=None, alibi_slopes=None, *, nu
         raise ValueError(f"{'k_scale' if k_scale is not None else 'v_scale'}: only for float8 caches "
                          f"({FP8_DTYPES}), the cache is {kv_dtype}")
     return Variant(int(window_size[0]), int(window_size[1]), float(softcap), sinks, alibi_slopes, k_scale, v_scale)
+
+
+def scalar_key(window_size, softcap, k_scale, v_scale, kv_dtype) -> tuple | None:
+    """The _SCALAR_VARIANTS key of a call without tensor options, or None (not cacheable: a tensor
+    option, a list window, a bool where a number goes — True == 1 — : make() checks those every call)."""
+    if window_size is not None and (type(window_size) is not tuple or len(window_size) != 2
+                                    or type(window_size[0]) is not int or type(window_size[1]) is not int):
+        return None
+    ts, tk, tv = type(softcap), type(k_scale), type(v_scale)
+    if ts not in (float, int) or tk not in (float, int, type(None)) or tv not in (float, int, type(None)):
+        return None
+    return window_size, softcap, k_scale, v_scale, kv_dtype
+
+
+def cached_scalar(key: tuple | None, build) -> Variant:
+    """The Variant remembered under key, else build() (which checks, and raises on bad values:
+    nothing is remembered then), remembered when key is not None."""
+    hit = _SCALAR_VARIANTS.get(key) if key is not None else None
+    if hit is not None:
+        return hit
+    variant = build()
+    if key is not None:
+        if len(_SCALAR_VARIANTS) >= _SCALAR_VARIANTS_MAX:
+            _SCALAR_VARIANTS.clear()
+        _SCALAR_VARIANTS[key] = variant
+    return variant

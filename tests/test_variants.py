@@ -226,6 +226,41 @@ def test_bad_variant_arguments_are_named(kw, match):
         splitkv.decode(q, k, v, sl, **kw)
 
 
+def test_scalar_variants_are_checked_once_and_bad_values_every_time():
+    """A call whose options are Python scalars reuses the Variant its options made (same object, same
+    result); a value make() rejects raises on every call, also after a valid value of equal hash
+    (True == 1, a list window) or the same scales on another cache dtype was remembered."""
+    from splitkv import variants as V
+
+    q, k, v, sl = make_inputs(1, 1, 4, 2, 64, [40], torch.float32)
+    kw = dict(window_size=(8, -1), softcap=20.0)
+    o1 = splitkv.decode(q, k, v, sl, **kw)
+    hit = V._SCALAR_VARIANTS[V.scalar_key((8, -1), 20.0, None, None, k.dtype)]
+    assert (hit.window_left, hit.softcap) == (8, 20.0)
+    assert torch.equal(splitkv.decode(q, k, v, sl, **kw), o1)
+    assert V._SCALAR_VARIANTS[V.scalar_key((8, -1), 20.0, None, None, k.dtype)] is hit
+    splitkv.decode(q, k, v, sl, window_size=(1, -1), softcap=1)  # remembered: (True, -1) and True equal these
+    for bad, match in ((dict(window_size=(True, -1), softcap=1), "window_size"),
+                       (dict(window_size=(1, -1), softcap=True), "softcap"),
+                       (dict(window_size=(8, -1), softcap=True), "softcap"),
+                       (dict(window_size=(8, -1), softcap=float("nan")), "softcap"),
+                       (dict(k_scale=0.5, v_scale=2.0), "k_scale")):  # scales on a float32 cache
+        for _ in range(2):
+            with pytest.raises((ValueError, TypeError), match=match):
+                splitkv.decode(q, k, v, sl, **bad)
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    qb = q.to(BF16)
+    o8 = splitkv.decode(qb, k8, v8, sl, k_scale=0.5, v_scale=2.0)  # the same floats on an fp8 cache: fine
+    assert torch.equal(splitkv.decode(qb, k8, v8, sl, k_scale=0.5, v_scale=2.0), o8)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="k_scale"):
+            splitkv.decode(qb, k8, v8, sl, k_scale=float("nan"), v_scale=2.0)
+    with pytest.raises(ValueError, match="k_scale"):
+        splitkv.decode(q, k, v, sl, k_scale=0.5, v_scale=2.0)
+    ptrs = V._SCALAR_VARIANTS[V.scalar_key((-1, -1), 0.0, 0.5, 2.0, k8.dtype)].pointers()
+    assert ptrs == (0, 0, 0, 0)  # per-tensor scales are folded into the launch, no tensor pointer
+
+
 def test_bad_head_dims_are_named():
     for D in (24, 36, 264):
         q, k, v, sl = make_inputs(1, 1, 2, 1, D, [10], torch.float32)
