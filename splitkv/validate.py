@@ -79,18 +79,13 @@ _SEEN: dict = {}  # signature of inputs that passed -> Problem (validation is ~4
 
 def _signature(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, softmax_scale, backend):
     """Everything the checks below look at except values: shapes, strides, dtypes, devices (a
-    flat tuple: this is built on every call). A CUDA tensor's device is its index (an int: no
-    torch.device object to build and hash, ~0.2 us each), any other tensor's its torch.device, so
-    the two never compare equal."""
-    bt = (block_table.shape, block_table.stride(), block_table.dtype,
-          block_table.get_device() if block_table.is_cuda else block_table.device) if block_table is not None \
+    flat tuple: this is built on every call)."""
+    bt = (block_table.shape, block_table.stride(), block_table.dtype, block_table.device) if block_table is not None \
         else None
     return (num_splits, softmax_scale, backend, type(num_splits), type(softmax_scale),
-            q.shape, q.stride(), q.dtype, q.get_device() if q.is_cuda else q.device,
-            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.get_device() if k_cache.is_cuda else k_cache.device,
-            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device() if v_cache.is_cuda else v_cache.device,
-            cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
-            cache_seqlens.get_device() if cache_seqlens.is_cuda else cache_seqlens.device, bt)
+            q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
+            cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device, bt)
 
 
 def forget() -> None:

@@ -195,5 +195,5 @@ def test_signature_keeps_devices_apart():
     assert sig != validate._signature(q, k.to("meta"), v, sl, None, None, None, "torch")
     with pytest.raises(ValueError, match="k_cache"):
         splitkv.decode(q, k.to("meta"), v, sl, backend="torch")
-    if torch.cuda.is_available():  # a CUDA tensor's device enters as its index, never equal to a torch.device
+    if torch.cuda.is_available():
         assert sig != validate._signature(q, k.cuda(), v, sl, None, None, None, "torch")
