@@ -660,11 +660,20 @@ AUTO_CUTLASS_MAX_BLOCK_M = 32
 # 33.7 / 33.5, ragged B=16 1K..128K 354.3 / 352.5. Behind: Sq 4 (B=1 GQA 32K) 37.4 / 34.6; paged
 # 16 B=16 GQA 32K 382.6 / 370.3 (fp8.md), B=1 GQA 4K 11.7 / 11.0; level paged: B=1 GQA 128K
 # 101.6 / 101.4 (fp8.md), B=16 MHA 32K 1459.5 / 1468.2, B=8 GQA 128K 735.2 / 733.9.
+# On the H200 the same rows go the other way at D 128 (results/2026-12-07-h200-issues, `auto` =
+# cutlass there, graph replay): B=16 GQA 32K contiguous 269.2 us vs 251.5 for the paged Triton row
+# of the same run (Triton contiguous: 247.6 on 2026-12-04, results/2026-12-04-h200-fp8v), B=1 GQA
+# 128K 71.7 vs 70.9 (2026-12-04), B=1 MHA 32K 70.8 vs 69.7 (2026-12-04): so on the devices named
+# here `auto` keeps Triton for fp8 at D <= 128 (D 256, 59.0 vs 77.9 on the H100, is not measured
+# on the H200 and stays on cutlass). Not yet an A/B in one run on the H200.
 AUTO_CUTLASS_FP8 = True
+AUTO_TRITON_FP8_DEVICES = ("H200",)
 
 
-def auto_prefers_cutlass_fp8(paged: bool, q_len: int) -> bool:
-    return AUTO_CUTLASS_FP8 and not paged and q_len == 1
+def auto_prefers_cutlass_fp8(paged: bool, q_len: int, head_dim: int = 128, device_name: str = "") -> bool:
+    if not AUTO_CUTLASS_FP8 or paged or q_len != 1:
+        return False
+    return head_dim > 128 or not any(name in device_name for name in AUTO_TRITON_FP8_DEVICES)
 
 
 def auto_prefers_cutlass(max_splits: int, block_m: int = MIN_BLOCK_M) -> bool:

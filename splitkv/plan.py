@@ -48,6 +48,19 @@ def _cuda_num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def device_name(device) -> str:
+    """The CUDA device's name ("" for any other device): the few device-specific rules read it."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _cuda_device_name(device.index if device.index is not None else torch.cuda.current_device())
+    return ""
+
+
 def device_num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return _cuda_num_sms(device.index if device.index is not None else torch.cuda.current_device())
@@ -277,7 +290,8 @@ def _choose_backend(backend: str, prob: validate.Problem, device, layout_ok, var
             or not cutlass_ok):
         return name, backend == "auto"
     if prob.kv_fp8:
-        return ("cutlass" if H.auto_prefers_cutlass_fp8(prob.page_size is not None, prob.q_len) else "triton"), True
+        return ("cutlass" if H.auto_prefers_cutlass_fp8(prob.page_size is not None, prob.q_len, prob.head_dim,
+                                                         device_name(device)) else "triton"), True
     tile, _, rule = _rule("cutlass", prob, **kw)
     return ("cutlass" if kw["batch_invariant"] or H.auto_prefers_cutlass(rule.max_splits, tile.block_m)
             else "triton"), True

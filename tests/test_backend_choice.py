@@ -159,3 +159,22 @@ def test_auto_takes_cutlass_for_contiguous_fp8_caches_with_one_query(sm90):
     assert chosen() == chosen(D=256) == chosen(B=64) == "cutlass"  # B=64: one split per request
     assert chosen(paged=True) == chosen(q_len=4) == chosen(D=64) == "triton"
     assert heuristics.auto_prefers_cutlass_fp8(False, 1) and not heuristics.auto_prefers_cutlass_fp8(True, 1)
+
+
+@pytest.mark.skipif(not backends.cutlass_available(), reason="makes cutlass plans: needs nvidia-cutlass-dsl")
+def test_auto_keeps_triton_for_fp8_at_d128_on_the_h200(sm90, monkeypatch):
+    """On an H200 (heuristics.AUTO_TRITON_FP8_DEVICES) contiguous fp8 caches at D 128 run on Triton,
+    D 256 still on cutlass; on another card (the H100) D 128 stays on cutlass."""
+    import importlib
+
+    plan_mod = importlib.import_module("splitkv.plan")  # the module (splitkv.plan is also the function)
+    f8 = dict(kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0, num_sms=132)
+
+    def chosen(D=128, B=1):
+        return splitkv.plan(torch.full((B,), 32768, dtype=torch.int32), 32, 8, D, **f8).backend
+
+    assert plan_mod.device_name(torch.device("cpu")) == ""
+    monkeypatch.setattr(plan_mod, "device_name", lambda device: "NVIDIA H200")
+    assert chosen() == chosen(B=16) == "triton" and chosen(D=256) == "cutlass"
+    monkeypatch.setattr(plan_mod, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert chosen() == chosen(B=16) == chosen(D=256) == "cutlass"
