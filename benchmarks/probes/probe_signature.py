@@ -1,6 +1,8 @@
 """Host µs per call of decode(plan=p) / decode() with the signature built from torch.device objects
 (before) vs CUDA device indices (validate._signature now), interleaved in rounds on one process.
-B=1 GQA 32/8 4K bf16. Usage: python benchmarks/probes/probe_signature.py [--json PATH]"""
+B=1 GQA 32/8 4K bf16. Usage: python benchmarks/probes/probe_signature.py [--json PATH]
+Measured at tree b37ff64 (results/2026-12-07-h200-issues/signature.json: no difference); the
+device-index signature was then reverted (NOTES #86), so at later trees both rows run the same code."""
 
 import argparse
 import json
